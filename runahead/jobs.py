@@ -1,0 +1,100 @@
+"""The paper's units of work: experts, jobs, groups, and what a computed job returns.
+
+A *job* ``l -> l+1`` runs the MoE of layer ``l`` for one request's tokens, then the attention and
+the gate (router) of layer ``l+1``; the gate's top-k are the experts of the request's next job.
+Layer ``ENTRY_LAYER`` (-1) is the first job of a token: embedding, attention 0 and gate 0, which
+needs no experts. The job at the last layer ends in the LM head and sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+ENTRY_LAYER = -1
+"""Layer index of a token's first job (embedding, attention 0, gate 0): it needs no experts."""
+
+
+class ExpertKey(NamedTuple):
+    """One routed expert of one MoE layer: the unit of caching and fetching.
+
+    A NamedTuple rather than a dataclass because it is hashed on every cache look-up.
+    """
+
+    layer: int
+    expert: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """Job ``layer -> layer+1`` of request ``request`` at decode step ``step``.
+
+    ``experts`` are the experts the gate of ``layer`` selected (empty for the entry job).
+    ``predicted_next`` is what a speculative gate predicted for ``layer+1`` (prefetch hint; may be
+    empty). ``lane`` is the request's batch slot, used by static grouping.
+    """
+
+    request: int
+    step: int
+    layer: int
+    experts: tuple[int, ...] = ()
+    lane: int = 0
+    num_tokens: int = 1
+    predicted_next: tuple[int, ...] = ()
+
+    @property
+    def keys(self) -> tuple[ExpertKey, ...]:
+        """The cache keys this job needs resident before it can compute."""
+        layer = self.layer
+        return tuple(ExpertKey(layer, e) for e in self.experts)
+
+    @property
+    def progress(self) -> tuple[int, int]:
+        """How far the request has come: ``(step, layer)``, compared lexicographically."""
+        return (self.step, self.layer)
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What computing one job produced.
+
+    For a job below the last layer: ``next_experts`` (the gate of ``layer+1``) and optionally
+    ``predicted_next`` (a speculative gate's guess for ``layer+2``). At the last layer: ``token``.
+    """
+
+    job: Job
+    next_experts: tuple[int, ...] = ()
+    predicted_next: tuple[int, ...] = ()
+    token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Jobs computed together in one backend call: all at one layer, so shared weights are read once."""
+
+    layer: int
+    jobs: tuple[Job, ...]
+
+    def distinct_experts(self) -> int:
+        """How many distinct experts the group's tokens go through (each is read once)."""
+        return len({e for job in self.jobs for e in job.experts})
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """A generation to run: ``max_tokens`` decode steps after a prompt of ``prompt_tokens``.
+
+    ``trace_index`` selects the routing of the request in a simulated backend's trace.
+    """
+
+    request: int
+    max_tokens: int
+    prompt_tokens: int = 0
+    trace_index: int | None = None
+    stop_tokens: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request}: max_tokens must be >= 1, got {self.max_tokens}")
+        if self.prompt_tokens < 0:
+            raise ValueError(f"request {self.request}: prompt_tokens must be >= 0, got {self.prompt_tokens}")
