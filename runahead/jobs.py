@@ -31,7 +31,9 @@ class Job:
 
     ``experts`` are the experts the gate of ``layer`` selected (empty for the entry job).
     ``predicted_next`` is what a speculative gate predicted for ``layer+1`` (prefetch hint; may be
-    empty). ``lane`` is the request's batch slot, used by static grouping.
+    empty). ``lane`` is the request's batch slot, used by static grouping. ``epoch`` orders tokens
+    across requests that joined at different times: the step counted from a common origin, so
+    "least progress" compares like with like (with the step barrier on it is the round number).
     """
 
     request: int
@@ -41,6 +43,7 @@ class Job:
     lane: int = 0
     num_tokens: int = 1
     predicted_next: tuple[int, ...] = ()
+    epoch: int = 0
 
     @property
     def keys(self) -> tuple[ExpertKey, ...]:
@@ -50,8 +53,8 @@ class Job:
 
     @property
     def progress(self) -> tuple[int, int]:
-        """How far the request has come: ``(step, layer)``, compared lexicographically."""
-        return (self.step, self.layer)
+        """How far the request has come: ``(epoch, layer)``, compared lexicographically."""
+        return (self.epoch, self.layer)
 
 
 @dataclass(frozen=True, slots=True)

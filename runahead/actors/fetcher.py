@@ -1,0 +1,102 @@
+"""ExpertFetcher: keeps the link busy with fetches of experts that blocked jobs need.
+
+Which job's experts go first is ``SELECT_FETCH_JOB`` (:class:`runahead.scheduling.FetchQueue`). An
+expert already on its way is never fetched twice: jobs that need it simply wait for it. A slot is
+reserved by evicting an unpinned entry, never a pinned one. ``queue_depth`` link workers keep that
+many reads in flight, so the link never idles between reads. With a prefetching policy, workers
+with no demand to serve fetch predicted experts instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from runahead.backend import Backend
+from runahead.cache import ExpertCache
+from runahead.clock import Clock
+from runahead.jobs import ExpertKey
+from runahead.messages import Blocked, FetchDone, Forget, Prefetch
+from runahead.metrics import Recorder
+from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
+
+FetcherMessage = Blocked | Prefetch | Forget | None
+
+
+class ExpertFetcher:
+    """Owns the link: the demand queue, the prefetch hints and the in-flight reads."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        cache: ExpertCache,
+        fetch_order: FetchOrder,
+        inbox: asyncio.Queue[FetcherMessage],
+        issuer: asyncio.Queue[object],
+        clock: Clock,
+        recorder: Recorder,
+        queue_depth: int = 2,
+    ) -> None:
+        if queue_depth < 1:
+            raise ValueError(f"link queue depth must be >= 1, got {queue_depth}")
+        self.backend = backend
+        self.cache = cache
+        self.demand = FetchQueue(fetch_order)
+        self.hints = PrefetchQueue()
+        self.inbox = inbox
+        self.issuer = issuer
+        self.clock = clock
+        self.recorder = recorder
+        self.queue_depth = queue_depth
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    async def run(self) -> None:
+        """Serve until the inbox yields ``None``; in-flight reads finish first."""
+        async with asyncio.TaskGroup() as workers:
+            for _ in range(self.queue_depth):
+                workers.create_task(self._link_worker())
+            while (message := await self.inbox.get()) is not None:
+                self.handle(message)
+                self._wake.set()
+            self._closing = True
+            self._wake.set()
+
+    def handle(self, message: FetcherMessage) -> None:
+        if isinstance(message, Blocked):
+            self.demand.add(message.job, message.missing, self.cache)
+        elif isinstance(message, Prefetch):
+            self.hints.add(message.request, message.progress, message.keys)
+        elif isinstance(message, Forget):
+            self.demand.discard(message.request)
+            self.hints.discard(message.request)
+
+    def _pick(self) -> tuple[ExpertKey, int, bool] | None:
+        """The next read to start, its reserved slot, and whether it is a prefetch."""
+        key = self.demand.select()
+        prefetch = key is None
+        if key is None:
+            key = self.hints.select(self.cache)
+            if key is None:
+                return None
+        slot = self.cache.reserve(key, prefetch=prefetch)
+        if slot is None:
+            return None  # every slot is pinned or being filled; a completing read frees one
+        self.demand.started(key)
+        return key, slot, prefetch
+
+    async def _link_worker(self) -> None:
+        while not self._closing:
+            picked = self._pick()
+            if picked is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            key, slot, prefetch = picked
+            start = self.clock.now()
+            await self.backend.fetch(key, slot)
+            self.cache.complete(key)
+            self.demand.landed(key)
+            self.recorder.fetch(start, self.clock.now(), key, prefetch)
+            self.issuer.put_nowait(FetchDone(key))
+            self._wake.set()

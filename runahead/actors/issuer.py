@@ -1,0 +1,144 @@
+"""JobIssuer: admits requests, checks each job's experts against the cache, issues or blocks it.
+
+Resident experts are pinned at once. A job with nothing missing goes to the ComputeScheduler; one
+with missing experts waits here (and the ExpertFetcher is told) until the last of them lands.
+Admission control keeps the deadlock rule: a request is admitted only while the cache can hold
+every active request's experts without relying on sharing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import deque
+
+from runahead.backend import Backend
+from runahead.cache import ExpertCache, admissible
+from runahead.jobs import ExpertKey, Job, RequestSpec
+from runahead.messages import (
+    Blocked,
+    FetchDone,
+    Finished,
+    Forget,
+    NextJobs,
+    Prefetch,
+    Ready,
+    Started,
+    Submit,
+)
+from runahead.metrics import Recorder
+from runahead.prefetch import Predictor
+
+IssuerMessage = Submit | NextJobs | FetchDone | Finished | None
+
+
+class JobIssuer:
+    """Owns admission, the cache pins of jobs, and the jobs blocked on fetches."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        cache: ExpertCache,
+        predictor: Predictor | None,
+        inbox: asyncio.Queue[IssuerMessage],
+        scheduler: asyncio.Queue[object],
+        fetcher: asyncio.Queue[object],
+        recorder: Recorder,
+        max_active: int | None = None,
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.predictor = predictor
+        self.inbox = inbox
+        self.scheduler = scheduler
+        self.fetcher = fetcher
+        self.recorder = recorder
+        self.max_active = max_active
+        self.queued: deque[RequestSpec] = deque()
+        self.active: dict[int, int] = {}  # request -> lane
+        self._free_lanes: list[int] = []
+        self._next_lane = 0
+        self._waiters: dict[ExpertKey, list[Job]] = {}
+        self._blocked: dict[int, tuple[Job, int]] = {}  # request -> (job, experts still missing)
+
+    async def run(self) -> None:
+        """Handle messages until the inbox yields ``None``."""
+        while (message := await self.inbox.get()) is not None:
+            self.handle(message)
+
+    def handle(self, message: IssuerMessage) -> None:
+        if isinstance(message, NextJobs):
+            ready = tuple(job for job in message.jobs if self._issue(job))
+            self.scheduler.put_nowait(Ready(ready, reply=True))
+        elif isinstance(message, FetchDone):
+            ready = self._arrived(message.key)
+            if ready:
+                self.scheduler.put_nowait(Ready(ready))
+        elif isinstance(message, Submit):
+            self.queued.extend(message.requests)
+            self._admit()
+        elif isinstance(message, Finished):
+            self._release(message.request)
+            self._admit()
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def _issue(self, job: Job) -> bool:
+        """Pin the job's experts; return True if it is ready, else block it on the missing ones."""
+        self.recorder.selection(job.request, job.step, job.layer, job.experts)
+        missing = tuple(key for key in job.keys if not self.cache.pin(key))
+        if self.predictor is not None:
+            hint = self.predictor.predict(job)
+            layer = job.layer + 1
+            self.fetcher.put_nowait(Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint)))
+        if not missing:
+            return True
+        self._blocked[job.request] = (job, len(missing))
+        for key in missing:
+            self._waiters.setdefault(key, []).append(job)
+        self.fetcher.put_nowait(Blocked(job, missing))
+        return False
+
+    def _arrived(self, key: ExpertKey) -> tuple[Job, ...]:
+        ready = []
+        for job in self._waiters.pop(key, ()):
+            blocked = self._blocked.get(job.request)
+            if blocked is None or blocked[0] is not job:
+                continue  # cancelled meanwhile
+            remaining = blocked[1] - 1
+            if remaining:
+                self._blocked[job.request] = (job, remaining)
+            else:
+                del self._blocked[job.request]
+                ready.append(job)
+        return tuple(ready)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        started = []
+        per_job = self.backend.experts_per_job
+        while self.queued and admissible(self.cache.slots, len(self.active) + 1, per_job):
+            if self.max_active is not None and len(self.active) >= self.max_active:
+                break
+            request = self.queued.popleft()
+            self.backend.open_request(request)
+            lane = heapq.heappop(self._free_lanes) if self._free_lanes else self._take_new_lane()
+            self.active[request.request] = lane
+            started.append((request, lane))
+        if started:
+            self.scheduler.put_nowait(Started(tuple(started)))
+
+    def _take_new_lane(self) -> int:
+        self._next_lane += 1
+        return self._next_lane - 1
+
+    def _release(self, request: int) -> None:
+        lane = self.active.pop(request, None)
+        if lane is not None:
+            heapq.heappush(self._free_lanes, lane)
+        self.backend.close_request(request)
+        if self.predictor is not None:
+            self.predictor.forget(request)
+        self.fetcher.put_nowait(Forget(request))

@@ -1,0 +1,141 @@
+"""ComputeScheduler: picks the next group (``SELECT_COMPUTE_GROUP``) and runs it on the backend.
+
+When a group's compute returns, its experts are unpinned and each request's next job (revealed by
+the gate) goes back to the JobIssuer; the scheduler waits for the issuer's answer before choosing
+again, so the choice always sees every job that is ready at that moment. A request that finished
+its token starts its next one at once, or at the step barrier when that is on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from runahead.backend import Backend
+from runahead.cache import ExpertCache
+from runahead.clock import Clock
+from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
+from runahead.messages import Finished, NextJobs, Ready, Started
+from runahead.metrics import Recorder
+from runahead.scheduling import ComputeQueue, StepBarrier
+
+SchedulerMessage = Started | Ready | None
+
+
+class TokenSink(Protocol):
+    """Where generated tokens go (the runtime's per-request streams)."""
+
+    def token(self, request: int, step: int, token: int, time: float) -> None: ...
+
+    def finished(self, request: int) -> None: ...
+
+
+class ComputeScheduler:
+    """Owns the ready jobs, the compute unit, request progress and the step barrier."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        cache: ExpertCache,
+        queue: ComputeQueue,
+        barrier: StepBarrier,
+        inbox: asyncio.Queue[SchedulerMessage],
+        issuer: asyncio.Queue[object],
+        clock: Clock,
+        recorder: Recorder,
+        sink: TokenSink,
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.queue = queue
+        self.barrier = barrier
+        self.inbox = inbox
+        self.issuer = issuer
+        self.clock = clock
+        self.recorder = recorder
+        self.sink = sink
+        self.last_layer = backend.num_layers - 1
+        self.requests: dict[int, RequestSpec] = {}
+        self.lanes: dict[int, int] = {}
+        self.positions: dict[int, tuple[int, int]] = {}  # requests with a job in flight
+        self._awaiting_reply = False
+        self._closing = False
+
+    async def run(self) -> None:
+        """Compute groups until the inbox yields ``None``."""
+        while not self._closing:
+            while not self.inbox.empty():
+                self.handle(self.inbox.get_nowait())
+            group = None if self._awaiting_reply else self.queue.select_group(self.positions, self.lanes)
+            if group is not None:
+                await self._compute(group)
+            elif not self._closing:
+                self.handle(await self.inbox.get())
+
+    def handle(self, message: SchedulerMessage) -> None:
+        if message is None:
+            self._closing = True
+        elif isinstance(message, Ready):
+            for job in message.jobs:
+                self.queue.add(job)
+            if message.reply:
+                self._awaiting_reply = False
+        elif isinstance(message, Started):
+            epoch = min((p[0] for p in self.positions.values()), default=self.barrier.round + 1)
+            entries = []
+            for request, lane in message.requests:
+                self.requests[request.request] = request
+                self.lanes[request.request] = lane
+                entries.append(Job(request.request, 0, ENTRY_LAYER, lane=lane, epoch=epoch))
+            self._release(self.barrier.arrive(entries))
+
+    async def _compute(self, group: Group) -> None:
+        start = self.clock.now()
+        results = await self.backend.compute(group)
+        end = self.clock.now()
+        if len(results) != len(group.jobs):
+            raise RuntimeError(f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs")
+        self.recorder.compute(start, end, group.layer, tuple(job.request for job in group.jobs))
+        for job in group.jobs:
+            for key in job.keys:
+                self.cache.unpin(key)
+        next_jobs = []
+        for result in results:
+            if result.job.layer == self.last_layer:
+                self._token_done(result, end)
+            else:
+                job = self._next_job(result)
+                self.positions[job.request] = job.progress
+                next_jobs.append(job)
+        if next_jobs:
+            self.issuer.put_nowait(NextJobs(tuple(next_jobs)))
+            self._awaiting_reply = True
+
+    def _next_job(self, result: JobResult) -> Job:
+        job = result.job
+        return Job(job.request, job.step, job.layer + 1, result.next_experts, job.lane,
+                   job.num_tokens, result.predicted_next, job.epoch)
+
+    def _token_done(self, result: JobResult, time: float) -> None:
+        job = result.job
+        if result.token is None:
+            raise RuntimeError(f"backend returned no token for request {job.request}'s last layer")
+        request = self.requests[job.request]
+        self.recorder.token(job.request, job.step, time)
+        self.sink.token(job.request, job.step, result.token, time)
+        finished = job.step + 1 >= request.max_tokens or result.token in request.stop_tokens
+        self.positions.pop(job.request, None)
+        if finished:
+            del self.requests[job.request], self.lanes[job.request]
+            self.issuer.put_nowait(Finished(job.request))
+            self.sink.finished(job.request)
+            self._release(self.barrier.token_done(job.request, None))
+        else:
+            entry = Job(job.request, job.step + 1, ENTRY_LAYER, lane=job.lane, epoch=job.epoch + 1)
+            self._release(self.barrier.token_done(job.request, entry))
+
+    def _release(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.positions[job.request] = job.progress
+            self.queue.add(job)

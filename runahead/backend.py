@@ -1,0 +1,63 @@
+"""The one small protocol every backend (sim, torch, mlx) implements, and loading backends by name.
+
+A backend owns device memory: the expert cache slots, the resident non-expert weights and each
+request's KV cache. The runtime decides *which* expert goes in *which* slot and *when*; the
+backend moves bytes and computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from runahead.jobs import ExpertKey, Group, JobResult, RequestSpec
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the actors call. ``fetch`` and ``compute`` may run concurrently with each other."""
+
+    num_layers: int
+    """MoE layers of the model: jobs run at layers ``-1 .. num_layers - 1``."""
+
+    experts_per_job: int
+    """The most experts one decode job can need (the gate's top-k): the deadlock rule's unit."""
+
+    def open_request(self, request: RequestSpec) -> None:
+        """Allocate what a request needs (its KV cache). Called once when it is admitted."""
+
+    def close_request(self, request: int) -> None:
+        """Free the request's state. Idempotent."""
+
+    async def fetch(self, key: ExpertKey, slot: int) -> None:
+        """Move one expert from the store into cache slot ``slot`` over the link.
+
+        Several fetches may be in flight at once; each returns when its bytes are in the slot.
+        """
+
+    async def compute(self, group: Group) -> Sequence[JobResult]:
+        """Run one layer job for every job of ``group`` as one batch; one result per job, in order.
+
+        Every expert of every job is resident (and pinned) for the whole call.
+        """
+        ...
+
+
+BUILTIN_BACKENDS = {"sim": "runahead.backends.sim"}
+ENTRY_POINT_GROUP = "runahead.backends"
+
+
+def backend_module(name: str) -> Any:
+    """Import the module of backend ``name`` lazily: built-in names first, then entry points.
+
+    Third-party backends register a module under the ``runahead.backends`` entry-point group.
+    """
+    if name in BUILTIN_BACKENDS:
+        return importlib.import_module(BUILTIN_BACKENDS[name])
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name == name:
+            return point.load()
+    known = sorted({*BUILTIN_BACKENDS, *(p.name for p in entry_points(group=ENTRY_POINT_GROUP))})
+    raise ValueError(f"unknown backend {name!r}; available: {', '.join(known)}")

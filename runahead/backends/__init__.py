@@ -1,0 +1,1 @@
+"""Backend adapters, imported lazily by name (see :func:`runahead.backend.backend_module`)."""

@@ -1,0 +1,226 @@
+"""The expert cache: which expert sits in which slot, who pins it, what is on its way.
+
+Bookkeeping only (no tensors, no I/O): a backend owns the slot memory, the cache decides which
+slot each expert uses. Every entry is in one of three states:
+
+- ``WANTED``: a job pinned an expert that is neither resident nor being fetched; no slot yet.
+- ``PENDING``: a fetch into its slot is in flight (so the expert is never fetched twice).
+- ``RESIDENT``: in its slot, usable.
+
+Pins are reference counts held by jobs from the moment they are issued until their compute ends.
+Only ``RESIDENT`` entries with refcount zero are evictable, so a pinned expert is never evicted.
+Prefetched experts enter with refcount zero; one evicted (or still unused at the end) before any
+job pins it counts as a wasted prefetch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+from runahead.eviction import EvictionPolicy, make_eviction
+from runahead.jobs import ExpertKey
+
+
+class EntryState(enum.Enum):
+    WANTED = "wanted"
+    PENDING = "pending"
+    RESIDENT = "resident"
+
+
+@dataclass(slots=True)
+class Entry:
+    """One expert the cache knows about."""
+
+    state: EntryState
+    refcount: int = 0
+    slot: int | None = None
+    prefetched_unused: bool = False
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Counters since the run began. Hits and misses count pins; fetches count reads started."""
+
+    hits: int = 0
+    misses: int = 0
+    fetches: int = 0
+    prefetches: int = 0
+    evictions: int = 0
+    wasted_prefetches: int = 0
+
+
+class CacheFullError(RuntimeError):
+    """Raised when a job would need more distinct experts pinned at once than the cache has slots."""
+
+
+class ExpertCache:
+    """``slots`` expert entries with refcount pins, deduplicated fetches and lru/lfu eviction."""
+
+    def __init__(self, slots: int, eviction: str | EvictionPolicy = "lfu") -> None:
+        if slots < 1:
+            raise ValueError(f"the expert cache needs at least one slot, got {slots}")
+        self.slots = slots
+        self.eviction: EvictionPolicy = make_eviction(eviction) if isinstance(eviction, str) else eviction
+        self.stats = CacheStats()
+        self._entries: dict[ExpertKey, Entry] = {}
+        self._free_slots = list(range(slots - 1, -1, -1))
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def state(self, key: ExpertKey) -> EntryState | None:
+        """The entry's state, or None if the cache knows nothing of ``key``."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.state
+
+    def is_resident(self, key: ExpertKey) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.state is EntryState.RESIDENT
+
+    def slot_of(self, key: ExpertKey) -> int:
+        """The slot of a resident or pending expert."""
+        entry = self._entries[key]
+        if entry.slot is None:
+            raise KeyError(f"{key} has no slot (state {entry.state.value})")
+        return entry.slot
+
+    def refcount(self, key: ExpertKey) -> int:
+        entry = self._entries.get(key)
+        return 0 if entry is None else entry.refcount
+
+    def resident_keys(self) -> list[ExpertKey]:
+        return [k for k, e in self._entries.items() if e.state is EntryState.RESIDENT]
+
+    def pinned_count(self) -> int:
+        """Entries with a nonzero refcount (any state)."""
+        return sum(1 for e in self._entries.values() if e.refcount)
+
+    def can_reserve(self) -> bool:
+        """Whether :meth:`reserve` would find a slot now (a free one or an evictable one)."""
+        return bool(self._free_slots) or len(self.eviction) > 0
+
+    def is_idle(self) -> bool:
+        """No pins and nothing in flight: what the cache looks like between runs."""
+        return all(e.refcount == 0 and e.state is EntryState.RESIDENT for e in self._entries.values())
+
+    # -- pins ------------------------------------------------------------------------------------
+
+    def pin(self, key: ExpertKey) -> bool:
+        """Take one reference on ``key`` for a job; return True if it is resident (a hit).
+
+        A miss leaves a ``WANTED`` (or already ``PENDING``) entry holding the pin until the fetcher
+        reserves a slot for it.
+        """
+        self.eviction.touch(key)
+        entry = self._entries.get(key)
+        if entry is None:
+            self._entries[key] = Entry(EntryState.WANTED, refcount=1)
+            self.stats.misses += 1
+            return False
+        if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
+            self.eviction.remove(key)
+        entry.refcount += 1
+        entry.prefetched_unused = False
+        if entry.state is EntryState.RESIDENT:
+            self.stats.hits += 1
+            return True
+        self.stats.misses += 1
+        return False
+
+    def unpin(self, key: ExpertKey) -> None:
+        """Release one reference. A resident entry whose count reaches zero becomes evictable."""
+        entry = self._entries[key]
+        if entry.refcount <= 0:
+            raise RuntimeError(f"unpin of {key} with refcount {entry.refcount}")
+        entry.refcount -= 1
+        if entry.refcount:
+            return
+        if entry.state is EntryState.RESIDENT:
+            self.eviction.add(key)
+        elif entry.state is EntryState.WANTED:
+            del self._entries[key]  # its job went away before a fetch was started
+
+    # -- fetches ---------------------------------------------------------------------------------
+
+    def reserve(self, key: ExpertKey, *, prefetch: bool = False) -> int | None:
+        """Give ``key`` a slot for a fetch about to start; return the slot, or None if none is free.
+
+        A demand fetch turns a ``WANTED`` entry ``PENDING``; a prefetch creates a ``PENDING`` entry
+        with no pins. Evicts the policy's victim among unpinned resident entries if no slot is free.
+        """
+        entry = self._entries.get(key)
+        if prefetch:
+            if entry is not None:
+                raise RuntimeError(f"prefetch of {key}, which is already {entry.state.value}")
+        elif entry is None or entry.state is not EntryState.WANTED:
+            state = "unknown" if entry is None else entry.state.value
+            raise RuntimeError(f"demand fetch of {key}, which is {state}, not wanted")
+        slot = self._take_slot()
+        if slot is None:
+            return None
+        if entry is None:
+            entry = self._entries[key] = Entry(EntryState.PENDING, slot=slot, prefetched_unused=True)
+            self.stats.prefetches += 1
+        else:
+            entry.state, entry.slot = EntryState.PENDING, slot
+        self.stats.fetches += 1
+        return slot
+
+    def complete(self, key: ExpertKey) -> None:
+        """The fetch of ``key`` landed: it is resident (and evictable if nobody pins it)."""
+        entry = self._entries[key]
+        if entry.state is not EntryState.PENDING:
+            raise RuntimeError(f"fetch completion for {key}, which is {entry.state.value}")
+        entry.state = EntryState.RESIDENT
+        if entry.refcount == 0:
+            self.eviction.add(key)
+
+    def warm(self, keys: Iterable[ExpertKey]) -> None:
+        """Load ``keys`` as if fetched and used once, before any job runs (no cost is charged).
+
+        Models the cache contents left by a prompt's prefill; evicts as a fetch would.
+        """
+        for key in keys:
+            self.eviction.touch(key)
+            entry = self._entries.get(key)
+            if entry is not None:
+                if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
+                    self.eviction.remove(key)  # re-add below refreshes its recency
+                    self.eviction.add(key)
+                continue
+            slot = self._take_slot()
+            if slot is None:
+                raise CacheFullError("cannot warm the cache: every slot is pinned")
+            self._entries[key] = Entry(EntryState.RESIDENT, slot=slot)
+            self.eviction.add(key)
+
+    def finish(self) -> None:
+        """End of a run: prefetched experts never used count as wasted."""
+        for entry in self._entries.values():
+            if entry.prefetched_unused:
+                entry.prefetched_unused = False
+                self.stats.wasted_prefetches += 1
+
+    def _take_slot(self) -> int | None:
+        if self._free_slots:
+            return self._free_slots.pop()
+        victim: Hashable | None = self.eviction.pop_victim()
+        if victim is None:
+            return None
+        assert isinstance(victim, ExpertKey)
+        entry = self._entries.pop(victim)
+        self.stats.evictions += 1
+        if entry.prefetched_unused:
+            self.stats.wasted_prefetches += 1
+        assert entry.slot is not None and entry.refcount == 0
+        return entry.slot
+
+
+def admissible(slots: int, active_requests: int, experts_per_job: int) -> bool:
+    """The deadlock rule: every active request's job may pin its experts without relying on sharing.
+
+    Each request has at most one job in flight, pinning at most ``experts_per_job`` entries; if
+    ``slots`` covers all of them, a blocked job always finds a slot for its next fetch.
+    """
+    return slots >= active_requests * experts_per_job

@@ -1,0 +1,82 @@
+"""Messages between the three actors. Small frozen dataclasses; ``None`` on a queue means "close"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runahead.jobs import ExpertKey, Job, RequestSpec
+
+# -- to the JobIssuer ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """New requests to admit (from the runtime)."""
+
+    requests: tuple[RequestSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NextJobs:
+    """Jobs revealed by a computed group (from the ComputeScheduler); answered by one :class:`Ready`."""
+
+    jobs: tuple[Job, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchDone:
+    """An expert landed in its slot (from the ExpertFetcher)."""
+
+    key: ExpertKey
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request produced its last token (from the ComputeScheduler)."""
+
+    request: int
+
+
+# -- to the ComputeScheduler ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """Admitted requests with their lanes; the scheduler creates their entry jobs."""
+
+    requests: tuple[tuple[RequestSpec, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Jobs whose experts are all resident and pinned. ``reply`` marks the answer to a NextJobs."""
+
+    jobs: tuple[Job, ...]
+    reply: bool = False
+
+
+# -- to the ExpertFetcher ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """``job`` waits for ``missing`` experts."""
+
+    job: Job
+    missing: tuple[ExpertKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """A predictor's guess of experts ``request`` will need at ``progress``."""
+
+    request: int
+    progress: tuple[int, int]
+    keys: tuple[ExpertKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Drop a request's hints (it ended)."""
+
+    request: int

@@ -1,0 +1,169 @@
+"""What a run measured: busy intervals of the compute unit and the link, and what follows from them.
+
+The actors append intervals as they happen (times from the injected clock). :func:`summarize`
+turns them into the paper's quantities: step time, compute time (accelerator busy), fetch time
+(link busy: some read in flight), the both-busy (overlap) fraction, the compute-waiting fraction,
+and the physical lower bound ``max(compute, fetch)`` no schedule can beat.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from runahead.cache import CacheStats
+from runahead.jobs import ExpertKey
+
+Interval = tuple[float, float]
+
+
+@dataclass(slots=True)
+class ComputeRecord:
+    start: float
+    end: float
+    layer: int
+    size: int
+    requests: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class FetchRecord:
+    start: float
+    end: float
+    key: ExpertKey
+    prefetch: bool
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Append-only log of one run, filled by the actors."""
+
+    computes: list[ComputeRecord] = field(default_factory=list)
+    fetches: list[FetchRecord] = field(default_factory=list)
+    tokens: list[tuple[int, int, float]] = field(default_factory=list)  # (request, step, time)
+    selections: dict[int, list[tuple[int, int, tuple[int, ...]]]] = field(default_factory=dict)
+    record_selections: bool = False
+
+    def compute(self, start: float, end: float, layer: int, requests: tuple[int, ...]) -> None:
+        self.computes.append(ComputeRecord(start, end, layer, len(requests), requests))
+
+    def fetch(self, start: float, end: float, key: ExpertKey, prefetch: bool) -> None:
+        self.fetches.append(FetchRecord(start, end, key, prefetch))
+
+    def token(self, request: int, step: int, time: float) -> None:
+        self.tokens.append((request, step, time))
+
+    def selection(self, request: int, step: int, layer: int, experts: tuple[int, ...]) -> None:
+        """The experts a request's gate chose (kept only with ``record_selections``)."""
+        if self.record_selections:
+            self.selections.setdefault(request, []).append((step, layer, experts))
+
+
+def union(intervals: list[Interval]) -> list[Interval]:
+    """Merge overlapping intervals into disjoint ones, sorted."""
+    merged: list[Interval] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def total(intervals: list[Interval]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def intersection_total(a: list[Interval], b: list[Interval]) -> float:
+    """Total length of the overlap of two sorted disjoint interval lists."""
+    i = j = 0
+    both = 0.0
+    while i < len(a) and j < len(b):
+        start = max(a[i][0], b[j][0])
+        end = min(a[i][1], b[j][1])
+        if end > start:
+            both += end - start
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return both
+
+
+@dataclass(slots=True)
+class RunMetrics:
+    """Summary of one run. Every ``_s`` field is a per-decode-step mean in seconds."""
+
+    tokens: int
+    steps: float
+    makespan_s: float
+    tokens_per_s: float
+    step_time_s: float
+    compute_s: float
+    fetch_s: float
+    lower_bound_s: float
+    bound_ratio: float
+    overlap_fraction: float
+    compute_wait_fraction: float
+    link_only_fraction: float
+    compute_only_fraction: float
+    idle_fraction: float
+    hits: int
+    misses: int
+    fetches: int
+    fetches_per_step: float
+    prefetches: int
+    wasted_prefetches: int
+    evictions: int
+    groups: int
+    mean_group_size: float
+    group_sizes: dict[int, int]
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(recorder: Recorder, stats: CacheStats, steps: float) -> RunMetrics:
+    """Reduce a run's log to :class:`RunMetrics`; ``steps`` is how many decode steps it made."""
+    if not recorder.tokens:
+        raise ValueError("the run produced no tokens")
+    start = min([c.start for c in recorder.computes] + [f.start for f in recorder.fetches])
+    end = max(t for _, _, t in recorder.tokens)
+    makespan = end - start
+    compute = union([(c.start, c.end) for c in recorder.computes])
+    link = union([(f.start, f.end) for f in recorder.fetches])
+    compute_busy, link_busy = total(compute), total(link)
+    both = intersection_total(compute, link)
+    per_step = 1.0 / steps
+    lower_bound = max(compute_busy, link_busy) * per_step
+    step_time = makespan * per_step
+    sizes = Counter(c.size for c in recorder.computes)
+    frac = (lambda x: x / makespan) if makespan > 0 else (lambda x: 0.0)
+    return RunMetrics(
+        tokens=len(recorder.tokens),
+        steps=steps,
+        makespan_s=makespan,
+        tokens_per_s=len(recorder.tokens) / makespan if makespan > 0 else float("inf"),
+        step_time_s=step_time,
+        compute_s=compute_busy * per_step,
+        fetch_s=link_busy * per_step,
+        lower_bound_s=lower_bound,
+        bound_ratio=step_time / lower_bound if lower_bound > 0 else float("nan"),
+        overlap_fraction=frac(both),
+        compute_wait_fraction=frac(makespan - compute_busy),
+        link_only_fraction=frac(link_busy - both),
+        compute_only_fraction=frac(compute_busy - both),
+        idle_fraction=frac(makespan - compute_busy - link_busy + both),
+        hits=stats.hits,
+        misses=stats.misses,
+        fetches=stats.fetches,
+        fetches_per_step=stats.fetches * per_step,
+        prefetches=stats.prefetches,
+        wasted_prefetches=stats.wasted_prefetches,
+        evictions=stats.evictions,
+        groups=len(recorder.computes),
+        mean_group_size=sum(c.size for c in recorder.computes) / max(1, len(recorder.computes)),
+        group_sizes=dict(sorted(sizes.items())),
+    )

@@ -1,0 +1,176 @@
+"""The runtime: wires the expert cache and the three actors over one backend, and runs requests.
+
+::
+
+    async with Runtime(backend, RuntimeConfig(cache_slots=512, policy="runahead")) as runtime:
+        handle = runtime.submit(RequestSpec(request=0, max_tokens=32))
+        tokens = await handle.result()
+
+The actors run as tasks of one task group; an error in any of them cancels the others and is
+raised from the ``async with`` block (and from every pending ``result()``), never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
+from runahead.backend import Backend
+from runahead.cache import ExpertCache
+from runahead.clock import Clock
+from runahead.jobs import ExpertKey, RequestSpec
+from runahead.messages import Submit
+from runahead.metrics import Recorder
+from runahead.policy import PolicyConfig, parse_policy
+from runahead.prefetch import make_predictor
+from runahead.scheduling import ComputeQueue, StepBarrier
+
+MAILBOX_SIZE = 1 << 16
+"""Mailboxes are bounded. The actor graph has a cycle (issuer <-> scheduler), so sends never wait:
+the messages in flight are bounded by the active requests and the link's queue depth, and an
+overflow would be a bug, raised as ``asyncio.QueueFull`` rather than a silent stall."""
+
+
+@dataclass(slots=True)
+class RuntimeConfig:
+    """How to schedule: policy, cache size and eviction, step barrier, link queue depth."""
+
+    cache_slots: int
+    policy: PolicyConfig | str = "runahead"
+    eviction: str = "lfu"
+    step_barrier: bool = True
+    link_queue_depth: int = 2
+    max_active: int | None = None
+    record_selections: bool = False
+    policy_config: PolicyConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.policy_config = parse_policy(self.policy) if isinstance(self.policy, str) else self.policy
+        if self.cache_slots < 1:
+            raise ValueError(f"cache_slots must be >= 1, got {self.cache_slots}")
+        if self.link_queue_depth < 1:
+            raise ValueError(f"link_queue_depth must be >= 1, got {self.link_queue_depth}")
+        if self.max_active is not None and self.max_active < 1:
+            raise ValueError(f"max_active must be >= 1, got {self.max_active}")
+
+
+class RequestHandle:
+    """A submitted request: its tokens as they come, and the whole list when it is done."""
+
+    def __init__(self, request: int) -> None:
+        self.request = request
+        self.tokens: list[int] = []
+        self._done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+
+    async def result(self) -> list[int]:
+        """Wait for the last token; return every generated token id."""
+        return await asyncio.shield(self._done)
+
+    def done(self) -> bool:
+        return self._done.done()
+
+
+class Runtime:
+    """One backend, one expert cache, three actors."""
+
+    def __init__(self, backend: Backend, config: RuntimeConfig, *, clock: Clock | None = None) -> None:
+        if config.cache_slots < backend.experts_per_job:
+            raise ValueError(
+                f"an expert cache of {config.cache_slots} slots cannot hold the {backend.experts_per_job} "
+                "experts a single job needs; use at least that many slots"
+            )
+        self.backend = backend
+        self.config = config
+        self.clock = clock or Clock()
+        self.cache = ExpertCache(config.cache_slots, config.eviction)
+        self.recorder = Recorder(record_selections=config.record_selections)
+        self.handles: dict[int, RequestHandle] = {}
+        self._task_group: asyncio.TaskGroup | None = None
+        self._issuer_inbox: asyncio.Queue[object] | None = None
+        self._inboxes: list[asyncio.Queue[object]] = []
+
+    @property
+    def max_active(self) -> int:
+        """How many requests may run at once under the deadlock rule (and ``max_active``)."""
+        limit = self.config.cache_slots // self.backend.experts_per_job
+        return limit if self.config.max_active is None else min(limit, self.config.max_active)
+
+    def warm_cache(self, keys: Iterable[ExpertKey]) -> None:
+        """Fill the cache as a prompt's prefill would have, before the first request runs."""
+        self.cache.warm(keys)
+
+    async def __aenter__(self) -> Runtime:
+        if self._task_group is not None:
+            raise RuntimeError("this runtime is already running")
+        policy = self.config.policy_config
+        issuer: asyncio.Queue[object] = asyncio.Queue(MAILBOX_SIZE)
+        scheduler: asyncio.Queue[object] = asyncio.Queue(MAILBOX_SIZE)
+        fetcher: asyncio.Queue[object] = asyncio.Queue(MAILBOX_SIZE)
+        actors = [
+            JobIssuer(backend=self.backend, cache=self.cache,
+                      predictor=make_predictor(policy.prefetch, self.backend.num_layers),
+                      inbox=issuer, scheduler=scheduler, fetcher=fetcher,  # type: ignore[arg-type]
+                      recorder=self.recorder, max_active=self.config.max_active),
+            ExpertFetcher(backend=self.backend, cache=self.cache, fetch_order=policy.fetch_order,
+                          inbox=fetcher, issuer=issuer, clock=self.clock,  # type: ignore[arg-type]
+                          recorder=self.recorder, queue_depth=self.config.link_queue_depth),
+            ComputeScheduler(backend=self.backend, cache=self.cache,
+                             queue=ComputeQueue(policy.compute_order, policy.grouping),
+                             barrier=StepBarrier(self.config.step_barrier), inbox=scheduler,  # type: ignore[arg-type]
+                             issuer=issuer, clock=self.clock, recorder=self.recorder, sink=self),
+        ]
+        self._issuer_inbox = issuer
+        self._inboxes = [issuer, fetcher, scheduler]
+        self._task_group = asyncio.TaskGroup()
+        await self._task_group.__aenter__()
+        for actor in actors:
+            self._task_group.create_task(actor.run(), name=type(actor).__name__)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._task_group is not None
+        for inbox in self._inboxes:
+            inbox.put_nowait(None)
+        try:
+            return await self._task_group.__aexit__(kind, error, tb)
+        except BaseException as failure:
+            for handle in self.handles.values():
+                if not handle.done():
+                    handle._done.set_exception(RuntimeError(f"request {handle.request} failed: {failure!r}"))
+                    handle._done.exception()  # mark retrieved
+            raise
+        finally:
+            self._task_group = None
+            self.cache.finish()
+
+    def submit(self, *requests: RequestSpec) -> list[RequestHandle]:
+        """Queue requests for admission; return their handles. Request ids must be unique."""
+        if self._issuer_inbox is None:
+            raise RuntimeError("submit() needs a running runtime: use 'async with runtime:'")
+        for spec in requests:
+            if spec.request in self.handles:
+                raise ValueError(f"request id {spec.request} was already submitted")
+        handles = [RequestHandle(spec.request) for spec in requests]
+        self.handles.update((h.request, h) for h in handles)
+        self._issuer_inbox.put_nowait(Submit(tuple(requests)))
+        return handles
+
+    async def run(self, requests: Sequence[RequestSpec]) -> dict[int, list[int]]:
+        """Run ``requests`` to completion; return each request's generated tokens."""
+        async with self:
+            handles = self.submit(*requests)
+            return {h.request: await h.result() for h in handles}
+
+    # -- TokenSink (called by the ComputeScheduler) ----------------------------------------------
+
+    def token(self, request: int, step: int, token: int, time: float) -> None:
+        self.handles[request].tokens.append(token)
+
+    def finished(self, request: int) -> None:
+        handle = self.handles[request]
+        handle._done.set_result(handle.tokens)

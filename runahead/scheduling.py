@@ -1,0 +1,303 @@
+"""The paper's Algorithm 1, as pure code: which group computes next, which job's experts fetch next.
+
+NOTE (Algorithm 1 of the paper):
+- ``SELECT_COMPUTE_GROUP(J_R) = {j in J_R | l(j) = l_min}``: one batch of every ready job at the
+  lowest ready layer (*opportunistic layerwise grouping*; *lowest-layer-first*). Without a step
+  barrier, "lowest" means least progress ``(step, layer)``, and jobs at that layer group across steps.
+- ``SELECT_FETCH_JOB(J_B) = argmin_{j in J_B} (l(j), m(j))``: the blocked job at the lowest layer,
+  then the one with the fewest remaining missing experts (*SRTF*).
+The ablations swap the compute order (``fifo``), the fetch order (``global-srtf``: ``m(j)`` alone;
+``fifo``: blocking order) or the grouping (``static:K:K:...``: fixed groups of request lanes that
+always compute together, the baseline of the paper's C1; ``sync`` is one static group of all).
+
+No ``await``, no I/O, no clock: the actors wrap these classes, and the tests drive them directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from runahead.cache import EntryState, ExpertCache
+from runahead.jobs import ExpertKey, Group, Job
+
+
+class ComputeOrder(enum.Enum):
+    LOWEST_LAYER = "lowest-layer"
+    FIFO = "fifo"
+
+
+class FetchOrder(enum.Enum):
+    LOWEST_LAYER_SRTF = "lowest-layer-srtf"
+    GLOBAL_SRTF = "global-srtf"
+    FIFO = "fifo"
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """``opportunistic`` (sizes is None and not static) or static groups of request lanes.
+
+    ``static`` with ``sizes=None`` is one group of every lane (``sync``). With sizes ``(2, 2, 2)``,
+    lanes 0-1, 2-3 and 4-5 form the groups; further lanes repeat the pattern.
+    """
+
+    static: bool = False
+    sizes: tuple[int, ...] | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Grouping:
+        """Parse ``opportunistic``, ``static:all`` or ``static:K:K:...``."""
+        if text == "opportunistic":
+            return cls()
+        parts = text.split(":")
+        if parts[0] != "static" or len(parts) < 2:
+            raise ValueError(f"grouping {text!r}: expected 'opportunistic', 'static:all' or 'static:K:K:...'")
+        if parts[1:] == ["all"]:
+            return cls(static=True)
+        try:
+            sizes = tuple(int(p) for p in parts[1:])
+        except ValueError:
+            raise ValueError(f"grouping {text!r}: group sizes must be integers") from None
+        if any(s < 1 for s in sizes):
+            raise ValueError(f"grouping {text!r}: group sizes must be >= 1")
+        return cls(static=True, sizes=sizes)
+
+    def group_of_lane(self, lane: int) -> int:
+        """The static group a request lane belongs to."""
+        if self.sizes is None:
+            return 0
+        total = sum(self.sizes)
+        offset = lane % total
+        for index, bound in enumerate(itertools.accumulate(self.sizes)):
+            if offset < bound:
+                return (lane // total) * len(self.sizes) + index
+        raise AssertionError("unreachable")
+
+    def __str__(self) -> str:
+        if not self.static:
+            return "opportunistic"
+        return "static:" + ("all" if self.sizes is None else ":".join(map(str, self.sizes)))
+
+
+class ComputeQueue:
+    """The ready jobs ``J_R`` and the choice of the next group to compute."""
+
+    def __init__(self, order: ComputeOrder, grouping: Grouping) -> None:
+        self.order = order
+        self.grouping = grouping
+        self._ready: dict[int, tuple[int, Job]] = {}  # request -> (arrival sequence, job)
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def add(self, job: Job) -> None:
+        """``job`` has every expert resident (pinned) and may compute."""
+        if job.request in self._ready:
+            raise RuntimeError(f"request {job.request} already has a ready job")
+        self._ready[job.request] = (next(self._seq), job)
+
+    def discard(self, request: int) -> Job | None:
+        """Drop a request's ready job (cancellation); return it if there was one."""
+        entry = self._ready.pop(request, None)
+        return None if entry is None else entry[1]
+
+    def select_group(self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]) -> Group | None:
+        """Remove and return the next group, or None if no group may compute now.
+
+        ``positions`` maps every active request that has a job in flight (ready, blocked or
+        computing; not one held at the step barrier) to its progress ``(epoch, layer)``;
+        ``lanes`` maps every active request to its lane. Only static grouping needs them.
+        """
+        if not self._ready:
+            return None
+        if self.grouping.static:
+            members = self._static_candidate(positions, lanes)
+        else:
+            first = min(self._ready.values(), key=self._rank)
+            layer = first[1].layer
+            members = [entry for entry in self._ready.values() if entry[1].layer == layer]
+        if not members:
+            return None
+        members.sort(key=lambda entry: entry[0])
+        for _, job in members:
+            del self._ready[job.request]
+        return Group(members[0][1].layer, tuple(job for _, job in members))
+
+    def _rank(self, entry: tuple[int, Job]) -> tuple[int, ...]:
+        seq, job = entry
+        if self.order is ComputeOrder.FIFO:
+            return (seq,)
+        return (job.epoch, job.layer, seq)
+
+    def _static_candidate(
+        self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
+    ) -> list[tuple[int, Job]]:
+        """Static groups wait for every member at the group's least progress to be ready."""
+        by_group: dict[int, list[int]] = {}
+        for request, lane in lanes.items():
+            if request not in positions:
+                continue  # held at the step barrier
+            by_group.setdefault(self.grouping.group_of_lane(lane), []).append(request)
+        candidates: list[list[tuple[int, Job]]] = []
+        for requests in by_group.values():
+            least = min(positions[r] for r in requests)
+            laggards = [r for r in requests if positions[r] == least]
+            if all(r in self._ready for r in laggards):
+                candidates.append([self._ready[r] for r in laggards])
+        if not candidates:
+            return []
+        return min(candidates, key=lambda members: min(self._rank(entry) for entry in members))
+
+
+@dataclass(slots=True)
+class _Blocked:
+    seq: int
+    job: Job
+    unstarted: list[ExpertKey]  # missing experts no read has started for, in gate order
+    remaining: int  # m(j): missing experts not yet resident
+
+
+class FetchQueue:
+    """The blocked jobs ``J_B`` and the choice of the next expert to fetch.
+
+    The fetcher reports every read it starts and every read that lands (demand or prefetch), so
+    ``m(j)`` and each job's not-yet-started experts stay current without rescanning the cache.
+    A job leaves the queue once a read has started for every one of its missing experts.
+    """
+
+    def __init__(self, order: FetchOrder) -> None:
+        self.order = order
+        self._blocked: dict[int, _Blocked] = {}
+        self._by_key: dict[ExpertKey, list[int]] = {}  # missing expert -> blocked requests
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._blocked)
+
+    def add(self, job: Job, missing: Iterable[ExpertKey], cache: ExpertCache) -> None:
+        """``job`` waits for ``missing`` experts (not resident; some may already be on their way)."""
+        missing = tuple(missing)
+        unstarted = [key for key in missing if cache.state(key) is EntryState.WANTED]
+        if not unstarted:
+            return
+        self._blocked[job.request] = _Blocked(next(self._seq), job, unstarted, len(missing))
+        for key in missing:
+            self._by_key.setdefault(key, []).append(job.request)
+
+    def discard(self, request: int) -> None:
+        self._blocked.pop(request, None)
+
+    def started(self, key: ExpertKey) -> None:
+        """A read of ``key`` began: no blocked job needs to start it again."""
+        for request in self._by_key.get(key, ()):
+            blocked = self._blocked.get(request)
+            if blocked is not None and key in blocked.unstarted:
+                blocked.unstarted.remove(key)
+                if not blocked.unstarted:
+                    del self._blocked[request]
+
+    def landed(self, key: ExpertKey) -> None:
+        """``key`` became resident: every job waiting on it has one fewer missing expert."""
+        for request in self._by_key.pop(key, ()):
+            blocked = self._blocked.get(request)
+            if blocked is not None:
+                blocked.remaining -= 1
+
+    def select(self) -> ExpertKey | None:
+        """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none."""
+        if not self._blocked:
+            return None
+        best = min(self._blocked.values(), key=self._rank)
+        return best.unstarted[0]
+
+    def _rank(self, blocked: _Blocked) -> tuple[int, ...]:
+        if self.order is FetchOrder.LOWEST_LAYER_SRTF:
+            return (blocked.job.epoch, blocked.job.layer, blocked.remaining, blocked.seq)
+        if self.order is FetchOrder.GLOBAL_SRTF:
+            return (blocked.remaining, blocked.seq)
+        return (blocked.seq,)
+
+
+class PrefetchQueue:
+    """Prefetch hints, at most one per request (a newer hint replaces an older, now stale one).
+
+    Served lowest progress first, only for experts the cache knows nothing of: a wanted expert is
+    the demand queue's, a pending or resident one needs no read.
+    """
+
+    def __init__(self) -> None:
+        self._hints: dict[int, tuple[tuple[int, int], tuple[ExpertKey, ...]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._hints)
+
+    def add(self, request: int, progress: tuple[int, int], keys: Iterable[ExpertKey]) -> None:
+        """Hint that ``request`` will need ``keys`` at ``progress``; replaces its older hint."""
+        hint = tuple(keys)
+        if hint:
+            self._hints[request] = (progress, hint)
+        else:
+            self._hints.pop(request, None)
+
+    def discard(self, request: int) -> None:
+        self._hints.pop(request, None)
+
+    def select(self, cache: ExpertCache) -> ExpertKey | None:
+        """The next expert to prefetch, or None."""
+        for request, (_, keys) in sorted(self._hints.items(), key=lambda item: (item[1][0], item[0])):
+            for key in keys:
+                if cache.state(key) is None:
+                    return key
+            del self._hints[request]
+        return None
+
+
+class StepBarrier:
+    """Holds each token's entry job until every request of the current round finished its token.
+
+    With the barrier on (the paper's setting), step ``t+1`` starts for all requests together; new
+    requests join at the next round. Released jobs carry the round number as their ``epoch``.
+    Off, entry jobs pass through at once, unchanged.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.round = -1
+        self._members: set[int] = set()
+        self._held: list[Job] = []
+
+    def arrive(self, jobs: Iterable[Job]) -> list[Job]:
+        """New requests' entry jobs; returns the jobs released now."""
+        jobs = list(jobs)
+        if not self.enabled:
+            return jobs
+        self._held.extend(jobs)
+        return self._release() if not self._members else []
+
+    def token_done(self, request: int, next_job: Job | None) -> list[Job]:
+        """``request`` finished its token; ``next_job`` is its next entry job (None if it ended)."""
+        if not self.enabled:
+            return [] if next_job is None else [next_job]
+        self._members.discard(request)
+        if next_job is not None:
+            self._held.append(next_job)
+        return self._release() if not self._members else []
+
+    def forget(self, request: int) -> list[Job]:
+        """Drop a cancelled request; returns the jobs its leaving releases."""
+        self._members.discard(request)
+        self._held = [job for job in self._held if job.request != request]
+        return self._release() if self.enabled and not self._members and self._held else []
+
+    def is_held(self, request: int) -> bool:
+        return any(job.request == request for job in self._held)
+
+    def _release(self) -> list[Job]:
+        self.round += 1
+        released = [replace(job, epoch=self.round) for job in self._held]
+        self._held = []
+        self._members = {job.request for job in released}
+        return released
