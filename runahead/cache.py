@@ -66,6 +66,7 @@ class ExpertCache:
         self.stats = CacheStats()
         self._entries: dict[ExpertKey, Entry] = {}
         self._free_slots = list(range(slots - 1, -1, -1))
+        self._evictable = 0  # resident entries with refcount zero
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -98,7 +99,7 @@ class ExpertCache:
 
     def can_reserve(self) -> bool:
         """Whether :meth:`reserve` would find a slot now (a free one or an evictable one)."""
-        return bool(self._free_slots) or len(self.eviction) > 0
+        return bool(self._free_slots) or self._evictable > 0
 
     def is_idle(self) -> bool:
         """No pins and nothing in flight: what the cache looks like between runs."""
@@ -119,7 +120,7 @@ class ExpertCache:
             self.stats.misses += 1
             return False
         if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
-            self.eviction.remove(key)
+            self._evictable -= 1  # the policy drops it lazily if it surfaces while pinned
         entry.refcount += 1
         entry.prefetched_unused = False
         if entry.state is EntryState.RESIDENT:
@@ -127,6 +128,16 @@ class ExpertCache:
             return True
         self.stats.misses += 1
         return False
+
+    def pin_all(self, keys: Iterable[ExpertKey]) -> tuple[ExpertKey, ...]:
+        """Pin every key (one job's experts); return those that are not resident."""
+        pin = self.pin
+        return tuple([key for key in keys if not pin(key)])
+
+    def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
+        """Release one reference on every key."""
+        for key in keys:
+            self.unpin(key)
 
     def unpin(self, key: ExpertKey) -> None:
         """Release one reference. A resident entry whose count reaches zero becomes evictable."""
@@ -137,6 +148,7 @@ class ExpertCache:
         if entry.refcount:
             return
         if entry.state is EntryState.RESIDENT:
+            self._evictable += 1
             self.eviction.add(key)
         elif entry.state is EntryState.WANTED:
             del self._entries[key]  # its job went away before a fetch was started
@@ -174,6 +186,7 @@ class ExpertCache:
             raise RuntimeError(f"fetch completion for {key}, which is {entry.state.value}")
         entry.state = EntryState.RESIDENT
         if entry.refcount == 0:
+            self._evictable += 1
             self.eviction.add(key)
 
     def warm(self, keys: Iterable[ExpertKey]) -> None:
@@ -186,13 +199,13 @@ class ExpertCache:
             entry = self._entries.get(key)
             if entry is not None:
                 if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
-                    self.eviction.remove(key)  # re-add below refreshes its recency
-                    self.eviction.add(key)
+                    self.eviction.add(key)  # a use refreshes its recency
                 continue
             slot = self._take_slot()
             if slot is None:
                 raise CacheFullError("cannot warm the cache: every slot is pinned")
             self._entries[key] = Entry(EntryState.RESIDENT, slot=slot)
+            self._evictable += 1
             self.eviction.add(key)
 
     def finish(self) -> None:
@@ -202,14 +215,21 @@ class ExpertCache:
                 entry.prefetched_unused = False
                 self.stats.wasted_prefetches += 1
 
+    def _is_evictable(self, key: Hashable) -> bool:
+        entry = self._entries.get(key)  # type: ignore[call-overload]
+        return entry is not None and entry.refcount == 0 and entry.state is EntryState.RESIDENT
+
     def _take_slot(self) -> int | None:
         if self._free_slots:
             return self._free_slots.pop()
-        victim: Hashable | None = self.eviction.pop_victim()
-        if victim is None:
+        if not self._evictable:
             return None
+        victim: Hashable | None = self.eviction.pop_victim(self._is_evictable)
+        if victim is None:
+            raise RuntimeError("eviction policy found no victim among evictable entries")
         assert isinstance(victim, ExpertKey)
         entry = self._entries.pop(victim)
+        self._evictable -= 1
         self.stats.evictions += 1
         if entry.prefetched_unused:
             self.stats.wasted_prefetches += 1

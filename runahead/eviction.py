@@ -1,34 +1,36 @@
 """Eviction policies for the expert cache: which unpinned resident expert leaves first.
 
-A policy only sees *evictable* entries (resident, refcount zero): the cache adds an entry when its
-last pin is released and removes it when it is pinned again, so a pinned entry can never be chosen.
-Pure and deterministic: ties break by the order in which entries became evictable.
+A policy keeps the candidates the cache hands it (``add`` when an entry's last pin is released)
+and names a victim on demand. ``pop_victim`` takes the cache's ``evictable`` test and skips (and
+forgets) entries that were pinned again since they were added, so the hot path, pinning an
+expert, costs the policy nothing but a use count. A pinned entry can never be chosen. Pure and
+deterministic: ties break by the order in which entries became candidates.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Protocol
+
+Evictable = Callable[[Hashable], bool]
 
 
 class EvictionPolicy(Protocol):
     """The contract every eviction policy meets."""
 
     def touch(self, key: Hashable) -> None:
-        """Record one use of ``key`` (called on every pin, evictable or not)."""
+        """Record one use of ``key`` (called on every pin)."""
 
     def add(self, key: Hashable) -> None:
-        """``key`` became evictable (resident with refcount zero)."""
+        """``key`` became a candidate (resident, refcount zero), or was used again as one."""
 
     def remove(self, key: Hashable) -> None:
-        """``key`` is no longer evictable (pinned again). Unknown keys are ignored."""
+        """``key`` is no longer a candidate. Unknown keys are ignored."""
 
-    def pop_victim(self) -> Hashable | None:
-        """Remove and return the entry to evict, or None when nothing is evictable."""
-
-    def __len__(self) -> int: ...
+    def pop_victim(self, evictable: Evictable | None = None) -> Hashable | None:
+        """Remove and return the entry to evict, or None. Candidates failing ``evictable`` are dropped."""
 
 
 class LRU:
@@ -38,7 +40,7 @@ class LRU:
         self._order: OrderedDict[Hashable, None] = OrderedDict()
 
     def touch(self, key: Hashable) -> None:
-        pass  # recency is the moment the entry becomes evictable, i.e. its last use
+        pass  # recency is the moment the entry becomes a candidate, i.e. the end of its last use
 
     def add(self, key: Hashable) -> None:
         self._order[key] = None
@@ -47,36 +49,34 @@ class LRU:
     def remove(self, key: Hashable) -> None:
         self._order.pop(key, None)
 
-    def pop_victim(self) -> Hashable | None:
-        if not self._order:
-            return None
-        key, _ = self._order.popitem(last=False)
-        return key
-
-    def __len__(self) -> int:
-        return len(self._order)
+    def pop_victim(self, evictable: Evictable | None = None) -> Hashable | None:
+        while self._order:
+            key, _ = self._order.popitem(last=False)
+            if evictable is None or evictable(key):
+                return key
+        return None
 
 
 class LFU:
     """Least frequently used, counting every use since the run began (counts survive eviction).
 
-    Ties go to the entry that became evictable first. A heap with lazy deletion keeps each
-    operation O(log n), which matters with thousands of slots.
+    Ties go to the entry that became a candidate first. A heap with lazy deletion: entries whose
+    count went stale are re-pushed when they surface, so each operation is O(log n) amortized.
     """
 
     def __init__(self) -> None:
         self.counts: dict[Hashable, int] = {}
         self._heap: list[tuple[int, int, Hashable]] = []
-        self._live: dict[Hashable, int] = {}  # evictable key -> sequence number of its heap entry
+        self._live: dict[Hashable, int] = {}  # candidate -> sequence number of its heap entry
         self._seq = 0
 
     def touch(self, key: Hashable) -> None:
-        self.counts[key] = self.counts.get(key, 0) + 1
+        counts = self.counts
+        counts[key] = counts.get(key, 0) + 1
 
     def add(self, key: Hashable) -> None:
-        self._seq += 1
-        self._live[key] = self._seq
-        heapq.heappush(self._heap, (self.counts.get(key, 0), self._seq, key))
+        if key not in self._live:
+            self._push(key)
 
     def remove(self, key: Hashable) -> None:
         self._live.pop(key, None)
@@ -84,19 +84,28 @@ class LFU:
             self._heap = [item for item in self._heap if self._live.get(item[2]) == item[1]]
             heapq.heapify(self._heap)
 
-    def pop_victim(self) -> Hashable | None:
-        while self._heap:
-            _, seq, key = heapq.heappop(self._heap)
-            if self._live.get(key) == seq:
-                del self._live[key]
-                return key
+    def pop_victim(self, evictable: Evictable | None = None) -> Hashable | None:
+        heap, live = self._heap, self._live
+        while heap:
+            count, seq, key = heapq.heappop(heap)
+            if live.get(key) != seq:
+                continue
+            del live[key]
+            if evictable is not None and not evictable(key):
+                continue  # pinned again since it was added; re-added when released
+            if count != self.counts.get(key, 0):
+                self._push(key)  # used since it was pushed: rank it by its current count
+                continue
+            return key
         return None
 
-    def __len__(self) -> int:
-        return len(self._live)
+    def _push(self, key: Hashable) -> None:
+        self._seq += 1
+        self._live[key] = self._seq
+        heapq.heappush(self._heap, (self.counts.get(key, 0), self._seq, key))
 
 
-EVICTION_POLICIES = {"lru": LRU, "lfu": LFU}
+EVICTION_POLICIES: dict[str, type[LRU] | type[LFU]] = {"lru": LRU, "lfu": LFU}
 
 
 def make_eviction(name: str) -> EvictionPolicy:

@@ -44,12 +44,12 @@ class Job:
     num_tokens: int = 1
     predicted_next: tuple[int, ...] = ()
     epoch: int = 0
+    keys: tuple[ExpertKey, ...] = field(init=False, repr=False, compare=False)
+    """The cache keys this job needs resident before it can compute (built once: it is hot)."""
 
-    @property
-    def keys(self) -> tuple[ExpertKey, ...]:
-        """The cache keys this job needs resident before it can compute."""
+    def __post_init__(self) -> None:
         layer = self.layer
-        return tuple(ExpertKey(layer, e) for e in self.experts)
+        object.__setattr__(self, "keys", tuple([ExpertKey(layer, e) for e in self.experts]))
 
     @property
     def progress(self) -> tuple[int, int]:

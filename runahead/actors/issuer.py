@@ -87,7 +87,7 @@ class JobIssuer:
     def _issue(self, job: Job) -> bool:
         """Pin the job's experts; return True if it is ready, else block it on the missing ones."""
         self.recorder.selection(job.request, job.step, job.layer, job.experts)
-        missing = tuple(key for key in job.keys if not self.cache.pin(key))
+        missing = self.cache.pin_all(job.keys)
         if self.predictor is not None:
             hint = self.predictor.predict(job)
             layer = job.layer + 1

@@ -98,8 +98,7 @@ class ComputeScheduler:
             raise RuntimeError(f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs")
         self.recorder.compute(start, end, group.layer, tuple(job.request for job in group.jobs))
         for job in group.jobs:
-            for key in job.keys:
-                self.cache.unpin(key)
+            self.cache.unpin_all(job.keys)
         next_jobs = []
         for result in results:
             if result.job.layer == self.last_layer:
