@@ -1,0 +1,160 @@
+"""The expert cache: pins, deduplicated fetches, eviction order, wasted prefetches, the deadlock rule."""
+
+import pytest
+
+from runahead.cache import EntryState, ExpertCache, admissible
+from runahead.eviction import LFU, LRU, make_eviction
+from runahead.jobs import ExpertKey
+
+A, B, C, D = (ExpertKey(0, e) for e in range(4))
+
+
+def fetch(cache: ExpertCache, key: ExpertKey) -> int:
+    slot = cache.reserve(key)
+    assert slot is not None
+    cache.complete(key)
+    return slot
+
+
+def test_miss_then_fetch_then_hit() -> None:
+    cache = ExpertCache(2)
+    assert cache.pin(A) is False
+    assert cache.state(A) is EntryState.WANTED
+    fetch(cache, A)
+    assert cache.is_resident(A)
+    cache.unpin(A)
+    assert cache.pin(A) is True
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.fetches) == (1, 1, 1)
+
+
+def test_a_pending_expert_is_shared_not_fetched_twice() -> None:
+    cache = ExpertCache(2)
+    cache.pin(A)
+    cache.reserve(A)
+    assert cache.pin(A) is False  # second job waits on the same read
+    assert cache.refcount(A) == 2
+    with pytest.raises(RuntimeError, match="not wanted"):
+        cache.reserve(A)
+    cache.complete(A)
+    assert cache.stats.fetches == 1
+
+
+def test_pinned_entries_are_never_evicted() -> None:
+    cache = ExpertCache(2)
+    for key in (A, B):
+        cache.pin(key)
+        fetch(cache, key)
+    cache.pin(C)
+    assert cache.reserve(C) is None  # both slots pinned
+    assert not cache.can_reserve()
+    cache.unpin(B)
+    assert cache.can_reserve()
+    cache.reserve(C)
+    assert cache.is_resident(A) and cache.state(B) is None
+
+
+def test_lru_evicts_least_recently_released() -> None:
+    cache = ExpertCache(3, "lru")
+    cache.warm([A, B, C])
+    for key in (A, C, B):  # use A, then C, then B: A is least recent
+        cache.pin(key)
+        cache.unpin(key)
+    cache.pin(D)
+    cache.reserve(D)
+    assert cache.state(A) is None and cache.is_resident(B) and cache.is_resident(C)
+
+
+def test_lfu_evicts_least_used_ties_by_age() -> None:
+    cache = ExpertCache(3, "lfu")
+    cache.warm([A, B, C])  # one use each
+    for key in (A, A, C):
+        cache.pin(key)
+        cache.unpin(key)
+    cache.pin(D)
+    cache.reserve(D)
+    assert cache.state(B) is None  # B used once; A 3x, C 2x
+    cache.complete(D)
+    cache.unpin(D)
+    cache.pin(B)
+    cache.reserve(B)
+    assert cache.state(D) is None  # D used once, C twice
+
+
+def test_lfu_counts_uses_made_while_pinned() -> None:
+    policy = LFU()
+    for key in "ab":
+        policy.touch(key)
+        policy.add(key)
+    policy.touch("a")
+    policy.touch("a")  # "a" was used again after it became a candidate
+    assert policy.pop_victim() == "b"
+    assert policy.pop_victim() == "a"
+    assert policy.pop_victim() is None
+
+
+def test_policies_skip_candidates_pinned_again() -> None:
+    for policy in (LRU(), LFU()):
+        policy.add("a")
+        policy.add("b")
+        assert policy.pop_victim(lambda key: key != "a") == "b"
+        assert policy.pop_victim(lambda key: True) is None  # "a" was dropped, to be re-added on release
+
+
+def test_unknown_eviction_policy_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown eviction policy 'mru'"):
+        make_eviction("mru")
+
+
+def test_prefetch_evicted_unused_is_wasted_and_used_is_not() -> None:
+    cache = ExpertCache(2)
+    cache.reserve(A, prefetch=True)
+    cache.complete(A)
+    cache.reserve(B, prefetch=True)
+    cache.complete(B)
+    cache.pin(B)  # B is used
+    cache.pin(C)
+    cache.reserve(C)  # evicts A, unused
+    assert cache.stats.prefetches == 2
+    assert cache.stats.wasted_prefetches == 1
+    cache.finish()
+    assert cache.stats.wasted_prefetches == 1
+
+
+def test_prefetch_still_unused_at_the_end_is_wasted() -> None:
+    cache = ExpertCache(2)
+    cache.reserve(A, prefetch=True)
+    cache.complete(A)
+    cache.finish()
+    assert cache.stats.wasted_prefetches == 1
+
+
+def test_prefetch_of_a_known_expert_is_an_error() -> None:
+    cache = ExpertCache(2)
+    cache.pin(A)
+    with pytest.raises(RuntimeError, match="already wanted"):
+        cache.reserve(A, prefetch=True)
+
+
+def test_unpin_below_zero_is_an_error() -> None:
+    cache = ExpertCache(2)
+    cache.warm([A])
+    with pytest.raises(RuntimeError, match="refcount 0"):
+        cache.unpin(A)
+
+
+def test_a_job_that_leaves_before_its_fetch_drops_the_wanted_entry() -> None:
+    cache = ExpertCache(2)
+    cache.pin(A)
+    cache.unpin(A)
+    assert cache.state(A) is None
+    assert cache.is_idle()
+
+
+def test_deadlock_rule() -> None:
+    assert admissible(slots=16, active_requests=2, experts_per_job=8)
+    assert not admissible(slots=15, active_requests=2, experts_per_job=8)
+
+
+def test_zero_slots_rejected() -> None:
+    with pytest.raises(ValueError, match="at least one slot"):
+        ExpertCache(0)

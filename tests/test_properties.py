@@ -1,0 +1,151 @@
+"""Scheduler properties over random models, traces, capacities and policies (hypothesis).
+
+Whatever the policy: every request completes with its tokens; refcounts end at zero; a pinned
+entry is never evicted; no expert has two reads in flight; and each request's expert selections
+are exactly the trace's, so scheduling never changes what is computed.
+"""
+
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runahead.backends.sim import FixedCosts, sim_token
+from runahead.jobs import RequestSpec
+from runahead.runtime import Runtime
+
+from simhelpers import random_trace, simulate
+
+POLICIES = [
+    "runahead",
+    "sync",
+    "prefetch-gate",
+    "prefetch-history",
+    "runahead+prefetch",
+    "runahead/compute=fifo",
+    "runahead/fetch=global-srtf",
+    "runahead/fetch=fifo",
+    "runahead/grouping=static:2:1",
+]
+
+
+class CheckedEviction:
+    """Wraps the cache's eviction policy and checks every victim it names."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.cache = runtime.cache
+        self.inner = runtime.cache.eviction
+        self.victims = 0
+        runtime.cache.eviction = self  # type: ignore[assignment]
+
+    def touch(self, key):  # type: ignore[no-untyped-def]
+        self.inner.touch(key)
+
+    def add(self, key):  # type: ignore[no-untyped-def]
+        self.inner.add(key)
+
+    def remove(self, key):  # type: ignore[no-untyped-def]
+        self.inner.remove(key)
+
+    def pop_victim(self, evictable=None):  # type: ignore[no-untyped-def]
+        victim = self.inner.pop_victim(evictable)
+        if victim is not None:
+            assert self.cache.refcount(victim) == 0, f"pinned {victim} chosen for eviction"
+            assert self.cache.is_resident(victim)
+            self.victims += 1
+        return victim
+
+
+scenario = st.fixed_dictionaries(
+    {
+        "requests": st.integers(1, 5),
+        "steps": st.integers(1, 3),
+        "layers": st.integers(1, 4),
+        "experts": st.integers(2, 10),
+        "top_k": st.integers(1, 3),
+        "spare": st.integers(0, 12),
+        "seed": st.integers(0, 2**16),
+        "barrier": st.booleans(),
+        "eviction": st.sampled_from(["lru", "lfu"]),
+        "depth": st.integers(1, 3),
+        "costs": st.tuples(st.integers(0, 900), st.integers(0, 300), st.integers(1, 700), st.integers(0, 200)),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario, st.sampled_from(POLICIES))
+def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # type: ignore[type-arg]
+    top_k = min(case["top_k"], case["experts"])
+    trace = random_trace(case["requests"], case["steps"], case["layers"], case["experts"], top_k, case["seed"])
+    slots = top_k + case["spare"]
+    requests = [RequestSpec(r, max_tokens=case["steps"] - r % 2 or 1) for r in range(case["requests"])]
+    group, per_expert, transfer, latency = (us / 1e6 for us in case["costs"])
+
+    from runahead.backends.sim import SimBackend
+    from runahead.clock import run_virtual
+    from runahead.runtime import RuntimeConfig
+
+    runtime = Runtime(
+        SimBackend(trace, FixedCosts(group, per_expert, transfer, latency)),
+        RuntimeConfig(cache_slots=slots, policy=policy, step_barrier=case["barrier"], eviction=case["eviction"],
+                      link_queue_depth=case["depth"], record_selections=True),
+    )
+    checked = CheckedEviction(runtime)
+    results = run_virtual(lambda: runtime.run(requests))
+
+    # every request completes, with the tokens the model (here: the sim) gives
+    assert results == {r.request: [sim_token(r, s) for s in range(r.max_tokens)] for r in requests}
+    # refcounts end at zero, nothing in flight
+    assert runtime.cache.is_idle()
+    assert checked.victims == runtime.cache.stats.evictions
+    # no expert has two reads in flight
+    reads = defaultdict(list)
+    for record in runtime.recorder.fetches:
+        reads[record.key].append((record.start, record.end))
+    for intervals in reads.values():
+        intervals.sort()
+        assert all(later[0] >= earlier[1] for earlier, later in zip(intervals, intervals[1:], strict=False))
+    # each request's selections are exactly the trace's, in order
+    for request in requests:
+        expected = [(s, layer, trace.selections(request.request)[s][layer])
+                    for s in range(request.max_tokens) for layer in range(case["layers"])]
+        assert runtime.recorder.selections[request.request] == expected
+    # the deadlock rule held: never more requests at once than the cache can pin for
+    assert max_concurrent(runtime) <= slots // top_k
+
+
+def max_concurrent(runtime: Runtime) -> int:
+    """Most requests between their first compute and their last token at any instant."""
+    spans: dict[int, list[float]] = {}
+    for record in runtime.recorder.computes:
+        for request in record.requests:
+            span = spans.setdefault(request, [record.start, record.end])
+            span[1] = max(span[1], record.end)
+    events = sorted([(s, 1) for s, _ in spans.values()] + [(e, -1) for _, e in spans.values()],
+                    key=lambda event: (event[0], event[1]))
+    active = peak = 0
+    for _, change in events:
+        active += change
+        peak = max(peak, active)
+    return peak
+
+
+def test_a_cache_too_small_for_all_requests_admits_them_in_turn() -> None:
+    trace = random_trace(requests=6, steps=3, layers=3, experts=8, top_k=2, seed=3)
+    requests = [RequestSpec(r, max_tokens=3) for r in range(6)]
+    runtime = simulate(trace, policy="runahead", slots=5, requests=requests)  # room for 2 x top-2
+    assert set(runtime.results) == set(range(6))  # type: ignore[attr-defined]
+    assert max_concurrent(runtime) == 2
+    assert runtime.max_active == 2
+
+
+def test_a_cache_smaller_than_one_job_is_refused_up_front() -> None:
+    import pytest
+
+    from runahead.backends.sim import SimBackend
+    from runahead.runtime import RuntimeConfig
+
+    trace = random_trace(requests=1, steps=1, layers=2, experts=8, top_k=4)
+    with pytest.raises(ValueError, match="cache of 3 slots cannot hold the 4 experts"):
+        Runtime(SimBackend(trace, FixedCosts(0.001, 0, 0.001)), RuntimeConfig(cache_slots=3))

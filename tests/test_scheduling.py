@@ -1,0 +1,183 @@
+"""Algorithm 1 as pure code: group choice, fetch choice, prefetch hints, the step barrier, policy names."""
+
+import pytest
+
+from runahead.cache import ExpertCache
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Job
+from runahead.policy import BASE_POLICIES, parse_policy
+from runahead.scheduling import (
+    ComputeOrder,
+    ComputeQueue,
+    FetchOrder,
+    FetchQueue,
+    Grouping,
+    PrefetchQueue,
+    StepBarrier,
+)
+
+
+def job(request: int, layer: int, experts: tuple[int, ...] = (), epoch: int = 0, lane: int | None = None) -> Job:
+    return Job(request, 0, layer, experts, lane=request if lane is None else lane, epoch=epoch)
+
+
+def positions(*jobs: Job) -> dict[int, tuple[int, int]]:
+    return {j.request: j.progress for j in jobs}
+
+
+def lanes(*jobs: Job) -> dict[int, int]:
+    return {j.request: j.lane for j in jobs}
+
+
+def test_opportunistic_groups_every_ready_job_at_the_lowest_layer() -> None:
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping())
+    jobs = [job(0, 5), job(1, 3), job(2, 3), job(3, 7)]
+    for j in jobs:
+        queue.add(j)
+    group = queue.select_group(positions(*jobs), lanes(*jobs))
+    assert group is not None and group.layer == 3
+    assert [j.request for j in group.jobs] == [1, 2]
+    assert queue.select_group({}, {}).layer == 5  # type: ignore[union-attr]
+
+
+def test_least_progress_counts_epochs_before_layers() -> None:
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping())
+    behind, ahead, same_layer = job(0, 9, epoch=3), job(1, 2, epoch=4), job(2, 9, epoch=4)
+    for j in (ahead, behind, same_layer):
+        queue.add(j)
+    group = queue.select_group({}, {})
+    assert group is not None and group.layer == 9
+    assert {j.request for j in group.jobs} == {0, 2}  # same layer groups across steps
+
+
+def test_fifo_compute_order_picks_the_oldest_ready_job_layer() -> None:
+    queue = ComputeQueue(ComputeOrder.FIFO, Grouping())
+    for j in (job(0, 6), job(1, 2), job(2, 6)):
+        queue.add(j)
+    group = queue.select_group({}, {})
+    assert group is not None and group.layer == 6 and len(group.jobs) == 2
+
+
+def test_static_group_waits_for_every_member_at_its_lowest_layer() -> None:
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping.parse("static:2:2"))
+    a, b, c, d = job(0, 1), job(1, 1), job(2, 4), job(3, 4)
+    queue.add(a)
+    queue.add(c)
+    queue.add(d)
+    everyone = positions(a, b, c, d)
+    group = queue.select_group(everyone, lanes(a, b, c, d))
+    assert group is not None and [j.request for j in group.jobs] == [2, 3]  # lanes 0-1 wait for b
+    assert queue.select_group(everyone, lanes(a, b, c, d)) is None
+    queue.add(b)
+    group = queue.select_group(everyone, lanes(a, b, c, d))
+    assert group is not None and [j.request for j in group.jobs] == [0, 1]
+
+
+def test_static_group_ignores_members_held_at_the_barrier() -> None:
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(static=True))
+    a = job(0, 3)
+    queue.add(a)
+    group = queue.select_group(positions(a), {0: 0, 1: 1})  # request 1 is held: no position
+    assert group is not None and group.jobs == (a,)
+
+
+def test_grouping_parse_and_lanes() -> None:
+    grouping = Grouping.parse("static:2:1")
+    assert [grouping.group_of_lane(lane) for lane in range(6)] == [0, 0, 1, 2, 2, 3]
+    assert Grouping.parse("static:all").group_of_lane(99) == 0
+    assert str(grouping) == "static:2:1"
+    for bad in ("static", "static:0", "static:a", "batch:2"):
+        with pytest.raises(ValueError, match="grouping"):
+            Grouping.parse(bad)
+
+
+def blocked(queue: FetchQueue, cache: ExpertCache, j: Job) -> None:
+    queue.add(j, cache.pin_all(j.keys), cache)
+
+
+def test_fetch_order_lowest_layer_then_fewest_missing() -> None:
+    cache = ExpertCache(64)
+    queue = FetchQueue(FetchOrder.LOWEST_LAYER_SRTF)
+    blocked(queue, cache, job(0, 4, (1, 2)))
+    blocked(queue, cache, job(1, 2, (1, 2, 3)))
+    blocked(queue, cache, job(2, 2, (5,)))
+    assert queue.select() == ExpertKey(2, 5)  # layer 2, one missing
+
+
+def test_global_srtf_ignores_layers_and_fifo_ignores_both() -> None:
+    for order, expected in ((FetchOrder.GLOBAL_SRTF, ExpertKey(4, 9)), (FetchOrder.FIFO, ExpertKey(2, 1))):
+        cache = ExpertCache(64)
+        queue = FetchQueue(order)
+        blocked(queue, cache, job(0, 2, (1, 2, 3)))
+        blocked(queue, cache, job(1, 4, (9,)))
+        assert queue.select() == expected
+
+
+def test_remaining_missing_shrinks_as_shared_reads_land() -> None:
+    cache = ExpertCache(64)
+    queue = FetchQueue(FetchOrder.GLOBAL_SRTF)
+    blocked(queue, cache, job(0, 1, (1, 2, 3)))  # m = 3
+    blocked(queue, cache, job(1, 1, (1, 2, 7, 8)))  # m = 4, shares 1 and 2
+    for key in (ExpertKey(1, 1), ExpertKey(1, 2)):
+        cache.reserve(key)
+        queue.started(key)
+        cache.complete(key)
+        queue.landed(key)
+    assert queue.select() == ExpertKey(1, 3)  # request 0 has one missing left, request 1 has two
+    cache.reserve(ExpertKey(1, 3))
+    queue.started(ExpertKey(1, 3))  # request 0's last one is on its way: it leaves J_B
+    assert len(queue) == 1
+    assert queue.select() == ExpertKey(1, 7)
+
+
+def test_prefetch_hints_replace_and_skip_known_experts() -> None:
+    cache = ExpertCache(8)
+    hints = PrefetchQueue()
+    hints.add(0, (0, 3), [ExpertKey(3, 1), ExpertKey(3, 2)])
+    hints.add(1, (0, 2), [ExpertKey(2, 4)])
+    cache.pin(ExpertKey(2, 4))  # already wanted by a job: the demand queue's
+    assert hints.select(cache) == ExpertKey(3, 1)
+    hints.add(0, (0, 4), [ExpertKey(4, 6)])  # newer hint of request 0 replaces the stale one
+    assert hints.select(cache) == ExpertKey(4, 6)
+    hints.discard(0)
+    assert hints.select(cache) is None
+
+
+def test_step_barrier_holds_entry_jobs_until_the_round_ends() -> None:
+    barrier = StepBarrier(enabled=True)
+    first = barrier.arrive([job(0, ENTRY_LAYER), job(1, ENTRY_LAYER)])
+    assert [j.request for j in first] == [0, 1] and {j.epoch for j in first} == {0}
+    assert barrier.token_done(0, job(0, ENTRY_LAYER)) == []
+    assert barrier.arrive([job(2, ENTRY_LAYER)]) == []  # joins at the next round
+    released = barrier.token_done(1, None)  # request 1 ends; the round is over
+    assert sorted(j.request for j in released) == [0, 2] and {j.epoch for j in released} == {1}
+
+
+def test_step_barrier_off_passes_jobs_through() -> None:
+    barrier = StepBarrier(enabled=False)
+    j = job(0, ENTRY_LAYER, epoch=7)
+    assert barrier.token_done(0, j) == [j]
+    assert barrier.arrive([j]) == [j]
+
+
+def test_policy_names_and_knobs() -> None:
+    assert set(BASE_POLICIES) == {"runahead", "runahead+prefetch", "sync", "prefetch-gate", "prefetch-history"}
+    config = parse_policy("runahead/compute=fifo/fetch=global-srtf/grouping=static:2:2:2")
+    assert config.compute_order is ComputeOrder.FIFO
+    assert config.fetch_order is FetchOrder.GLOBAL_SRTF
+    assert config.grouping == Grouping(static=True, sizes=(2, 2, 2))
+    assert parse_policy(config.spec) == config
+    assert parse_policy("sync").grouping.static and parse_policy("prefetch-history").prefetch == "history"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("fastest", "unknown policy 'fastest'"),
+        ("runahead/compute=random", "'random' is not one of lowest-layer, fifo"),
+        ("runahead/speed=2", "unknown knob 'speed'"),
+        ("runahead/fifo", "not of the form key=value"),
+    ],
+)
+def test_bad_policy_specs_are_named(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_policy(spec)
