@@ -138,12 +138,15 @@ class Runtime:
             inbox.put_nowait(None)
         try:
             return await self._task_group.__aexit__(kind, error, tb)
-        except BaseException as failure:
+        except BaseExceptionGroup as group:
+            failure = _sole_error(group)
             for handle in self.handles.values():
                 if not handle.done():
                     handle._done.set_exception(RuntimeError(f"request {handle.request} failed: {failure!r}"))
                     handle._done.exception()  # mark retrieved
-            raise
+            if failure is group:
+                raise
+            raise failure from group
         finally:
             self._task_group = None
             self.cache.finish()
@@ -152,9 +155,11 @@ class Runtime:
         """Queue requests for admission; return their handles. Request ids must be unique."""
         if self._issuer_inbox is None:
             raise RuntimeError("submit() needs a running runtime: use 'async with runtime:'")
+        seen = set(self.handles)
         for spec in requests:
-            if spec.request in self.handles:
+            if spec.request in seen:
                 raise ValueError(f"request id {spec.request} was already submitted")
+            seen.add(spec.request)
         handles = [RequestHandle(spec.request) for spec in requests]
         self.handles.update((h.request, h) for h in handles)
         self._issuer_inbox.put_nowait(Submit(tuple(requests)))
@@ -174,3 +179,22 @@ class Runtime:
     def finished(self, request: int) -> None:
         handle = self.handles[request]
         handle._done.set_result(handle.tokens)
+
+
+def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one real error inside a task group's failure, or the group itself if there are several.
+
+    One actor failing cancels the others, so the group almost always holds exactly one error; the
+    caller then sees that error (``OSError: device lost``), not a wrapper around it.
+    """
+    leaves: list[BaseException] = []
+
+    def collect(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                collect(inner)
+        elif not isinstance(error, asyncio.CancelledError):
+            leaves.append(error)
+
+    collect(group)
+    return leaves[0] if len(leaves) == 1 else group

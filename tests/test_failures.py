@@ -48,22 +48,24 @@ def run(backend: SimBackend) -> dict[int, list[int]]:
     [(BrokenCompute, "device lost"), (BrokenFetch, "short read"), (WrongResults, r"returned 2 results for a group of 3 jobs")],
 )
 def test_actor_errors_reach_the_caller(backend: type[SimBackend], message: str) -> None:
-    with pytest.raises(BaseExceptionGroup) as caught:
+    with pytest.raises(Exception) as caught:  # one error, or a group when two reads fail at once
         run(backend(random_trace(requests=3, steps=2, layers=3, experts=6, top_k=2), COSTS))
-    assert caught.group_contains(Exception, match=message)
+    if isinstance(caught.value, BaseExceptionGroup):
+        assert caught.group_contains(Exception, match=message)
+    else:
+        assert caught.match(message)
 
 
 def test_a_read_that_never_lands_is_reported_as_a_stall() -> None:
-    with pytest.raises(BaseExceptionGroup) as caught:
+    with pytest.raises(BaseExceptionGroup) as caught:  # every waiting actor reports the stall
         run(HungFetch(TRACE, COSTS))
     assert caught.group_contains(asyncio.TimeoutError, match="idle for too long")
 
 
 def test_a_trace_too_short_for_the_request_is_named() -> None:
     runtime = Runtime(SimBackend(TRACE, COSTS), RuntimeConfig(cache_slots=6))
-    with pytest.raises(BaseExceptionGroup) as caught:
+    with pytest.raises(ValueError, match="needs 5 trace steps .* but the trace has 2"):
         run_virtual(lambda: runtime.run([RequestSpec(0, max_tokens=5)]))
-    assert caught.group_contains(ValueError, match="needs 5 trace steps .* but the trace has 2")
 
 
 def test_duplicate_request_ids_are_refused() -> None:
