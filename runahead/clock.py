@@ -1,20 +1,29 @@
 """Time for the actors: the event loop's clock, real or virtual.
 
 The engine never reads the wall clock itself: actors ask a :class:`Clock`, which reads the running
-loop's ``time()``. On a normal loop that is monotonic real time. On a *virtual-time* loop (from
-``looptime``) time jumps to the next scheduled timer whenever every task waits, so the ``sim``
-backend's modelled durations cost no wall time and every run is reproducible to the microsecond.
+loop's ``time()``. On a normal loop that is monotonic real time. On a :class:`VirtualTimeLoop`
+time jumps to the next scheduled timer whenever every task waits, so the ``sim`` backend's
+modelled durations cost no wall time and every run is reproducible to the microsecond.
+
+Why not ``looptime`` (the library the issue pointed at): it works, and gave identical results,
+but it is built for tests that mix fake and real time: every loop iteration scans its executor
+futures and syncs real time, which cost a third of a simulated run's wall time, and a deadlock
+makes it wait real time and then inject timeouts into every task. The simulation needs neither:
+:class:`VirtualTimeLoop` is a selector loop whose selector advances an integer microsecond clock
+instead of sleeping, and raises :class:`SimulationStalled` at once when nothing can ever happen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import selectors
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-RESOLUTION_S = 1e-6
+TICKS_PER_S = 1_000_000
 """Virtual time advances in whole microseconds (integer arithmetic: no float drift)."""
 
 
@@ -35,31 +44,42 @@ class Clock:
 
 
 class SimulationStalled(RuntimeError):
-    """Every task waited with nothing scheduled: a deadlock in virtual time."""
+    """Every task waited with nothing scheduled: in virtual time, nothing could ever happen again."""
 
 
-def virtual_loop_factory(stall_after_s: float = 0.5) -> Callable[[], asyncio.AbstractEventLoop]:
-    """A factory of virtual-time event loops (looptime) for :func:`asyncio.Runner`.
+class _VirtualSelector(selectors.DefaultSelector):
+    """Polls real I/O without waiting; a wait for ``timeout`` advances the virtual clock instead."""
 
-    If every task waits with no timer pending (nothing could ever happen again), the tasks get an
-    error after ``stall_after_s`` real seconds instead of hanging.
-    """
-    import looptime
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticks = 0
 
-    def factory() -> asyncio.AbstractEventLoop:
-        loop: asyncio.AbstractEventLoop = looptime.new_event_loop(
-            start=0.0,
-            noop_cycles=0,
-            resolution=RESOLUTION_S,
-            idle_step=stall_after_s / 5,
-            idle_timeout=stall_after_s,
-        )
-        return loop
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:
+            raise SimulationStalled(
+                "every task is waiting and nothing is scheduled: the simulated run can never finish "
+                "(a deadlock, or a wait on something that is not simulated)"
+            )
+        # Round up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
+        self.ticks += max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
+        return ready
 
-    return factory
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop on virtual time starting at 0: waits take no wall time. No threads in it."""
+
+    def __init__(self) -> None:
+        self._virtual = _VirtualSelector()
+        super().__init__(self._virtual)
+
+    def time(self) -> float:
+        return self._virtual.ticks / TICKS_PER_S
 
 
-def run_virtual(main: Callable[[], Coroutine[Any, Any, T]], stall_after_s: float = 0.5) -> T:
-    """Run ``main()`` on a fresh virtual-time loop starting at t=0 and return its result."""
-    with asyncio.Runner(loop_factory=virtual_loop_factory(stall_after_s)) as runner:
+def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main()`` on a fresh :class:`VirtualTimeLoop` and return its result."""
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
         return runner.run(main())

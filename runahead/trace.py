@@ -272,7 +272,7 @@ class SyntheticRouting:
     figure) on the default trace: Qwen3.6-35B-A3B shape, 8 requests, 256 steps, seed 0.
     """
 
-    popularity_skew: float = 0.4
+    popularity_skew: float = 0.45
     topic_strength: float = 1.0
     num_clusters: int = 16
     cluster_boost: float = 2.5
@@ -378,7 +378,10 @@ def _cluster_paths(
 def _gumbel(rng: np.random.Generator, shape: tuple[int, ...]) -> npt.NDArray[np.float32]:
     uniform = rng.random(shape, dtype=np.float32)
     np.maximum(uniform, np.float32(1e-30), out=uniform)
-    return -np.log(-np.log(uniform))
+    np.log(uniform, out=uniform)  # in place: this runs twice per step on [requests, layers, experts]
+    np.negative(uniform, out=uniform)
+    np.log(uniform, out=uniform)
+    return np.negative(uniform, out=uniform)
 
 
 # --- replay -----------------------------------------------------------------------------------

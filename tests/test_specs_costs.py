@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,12 @@ def test_brief_shapes() -> None:
     assert qwen.num_shared_experts == 1
     assert qwen.expert_bytes == 3 * 2048 * 512 * 18 // 32  # Q4_0: 18 bytes per 32 weights
     gemma = load_model_spec("gemma4-26b-a4b")
-    assert (gemma.num_layers, gemma.num_experts, gemma.hidden_size, gemma.expert_width) == (30, 128, 2816, 704)
+    assert (gemma.num_layers, gemma.num_experts, gemma.hidden_size, gemma.expert_width) == (
+        30,
+        128,
+        2816,
+        704,
+    )
     assert gemma.dense_mlp_width > 0
     assert [qwen.is_full_attention(layer) for layer in range(4)] == [False, False, False, True]
 
@@ -84,7 +90,7 @@ def test_bad_files_name_the_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown model 'nope'"):
         load_model_spec("nope")
     path = tmp_path / "m.toml"
-    path.write_text('num_layers = 2\nbogus = 1\n')
+    path.write_text("num_layers = 2\nbogus = 1\n")
     with pytest.raises(ValueError, match=r"m\.toml: unknown keys \['bogus'\]"):
         load_model_spec(path)
     path.write_text("num_layers = 2\n")
@@ -101,8 +107,6 @@ def test_bad_files_name_the_file_and_key(tmp_path: Path) -> None:
 
 
 def test_load_from_path_round_trip(tmp_path: Path) -> None:
-    from runahead.specs import resources
-
     text = resources.files("runahead").joinpath("data", "profiles", "thor.toml").read_text()
     path = tmp_path / "mine.toml"
     path.write_text(text.replace('name = "thor"\n', ""))
@@ -150,7 +154,9 @@ def test_compute_time_formula_by_hand() -> None:
     expected = 1e-3 + (3 * expert + attention + (10 + 20) * kv) / bw
     assert costs.compute_time(1, [1, 1], [10, 20], 3) == pytest.approx(expected)
     # entry job: embedding rows + attention 0, no experts
-    assert costs.compute_time(ENTRY_LAYER, [1], [5], 0) == pytest.approx(1e-3 + (64 + attention + 5 * kv) / bw)
+    assert costs.compute_time(ENTRY_LAYER, [1], [5], 0) == pytest.approx(
+        1e-3 + (64 + attention + 5 * kv) / bw
+    )
     # last layer: experts + LM head instead of a next attention
     assert costs.compute_time(3, [1], [5], 2) == pytest.approx(1e-3 + (2 * expert + 100 * 64) / bw)
     assert costs.fetch_transfer_time() == pytest.approx(expert / 1e5)
@@ -188,4 +194,8 @@ def test_local_layers_cap_attention_state() -> None:
     assert gemma.attention_state_bytes(0, 4096) == 1024 * gemma.kv_bytes_per_token  # sliding window
     assert gemma.attention_state_bytes(5, 4096) == 4096 * gemma.kv_bytes_per_token  # global layer
     qwen = load_model_spec("qwen3.6-35b-a3b")
-    assert qwen.attention_state_bytes(0, 4096) == qwen.attention_state_bytes(0, 10) == 2 * qwen.linear_state_bytes
+    assert (
+        qwen.attention_state_bytes(0, 4096)
+        == qwen.attention_state_bytes(0, 10)
+        == 2 * qwen.linear_state_bytes
+    )

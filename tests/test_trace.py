@@ -86,36 +86,41 @@ def test_popularity_skew(trace: RoutingTrace) -> None:
     assert len(set(np.argmax(counts, axis=1).tolist())) > 10
 
 
-def test_cross_layer_correlation(trace: RoutingTrace) -> None:
-    """P(expert b at l+1 | a at l) departs from P(b at l+1) far more than independent layers would."""
+def _chi_square(trace: RoutingTrace, shift: int, span: int) -> float:
+    """Dependence of layer l+1's experts on layer l's, pairing each token with the token ``shift`` later."""
+    e = trace.experts.astype(np.intp)
+    totals = []
+    for layer in range(trace.num_layers - 1):
+        a = np.zeros((trace.num_requests * span, trace.num_experts))
+        b = np.zeros_like(a)
+        np.put_along_axis(a, e[:, :span, layer].reshape(-1, trace.top_k), 1.0, axis=1)
+        np.put_along_axis(b, e[:, shift : shift + span, layer + 1].reshape(-1, trace.top_k), 1.0, axis=1)
+        joint = a.T @ b / a.shape[0]
+        independent = np.outer(a.mean(0), b.mean(0))
+        seen = independent > 0
+        totals.append(((joint[seen] - independent[seen]) ** 2 / independent[seen]).sum())
+    return float(np.mean(totals))
 
-    def lift(t: RoutingTrace) -> float:
-        e = t.experts.reshape(-1, t.num_layers, t.top_k)
-        lifts = []
-        for layer in range(0, t.num_layers - 1, 4):
-            now = np.zeros((e.shape[0], t.num_experts), bool)
-            nxt = np.zeros_like(now)
-            np.put_along_axis(now, e[:, layer].astype(np.intp), True, axis=1)
-            np.put_along_axis(nxt, e[:, layer + 1].astype(np.intp), True, axis=1)
-            joint = now.T.astype(np.float64) @ nxt.astype(np.float64) / e.shape[0]
-            indep = np.outer(now.mean(0), nxt.mean(0))
-            mask = indep > 0.01
-            lifts.append(np.abs(joint[mask] / indep[mask] - 1).mean())
-        return float(np.mean(lifts))
 
-    flat = synthetic_trace(40, 256, 8, 8, 128, 0, SyntheticRouting(cluster_boost=0.0))
-    with_clusters, without = lift(trace), lift(flat)
-    print(f"cross-layer lift {with_clusters:.3f} vs {without:.3f} without clusters")
-    assert with_clusters > 1.5 * without
+def test_cross_layer_correlation() -> None:
+    """Same-token layer pairs depend on each other more than pairs 64 tokens apart (same topic)."""
+    ratios = {}
+    for boost in (SyntheticRouting().cluster_boost, 0.0):
+        t = synthetic_trace(4, 64, 4, 16, 512, 0, SyntheticRouting(cluster_boost=boost))
+        ratios[boost] = _chi_square(t, 0, 448) / _chi_square(t, 64, 448)
+    print(f"cross-layer dependence, same token / 64 tokens apart: {ratios}")
+    with_clusters, without = ratios.values()
+    assert with_clusters > 1.15
+    assert abs(without - 1.0) < 0.05
 
 
 def test_topic_preference_makes_requests_differ(trace: RoutingTrace) -> None:
     counts = np.stack([np.bincount(trace.experts[r, :, 0].ravel(), minlength=256) for r in range(8)])
-    corr = np.corrcoef(counts)
+    corr = np.asarray(np.corrcoef(counts))
     off_diagonal = corr[~np.eye(8, dtype=bool)].mean()
     # same request, two halves of its tokens
     halves = [np.bincount(trace.experts[0, h * 64 : (h + 1) * 64, 0].ravel(), minlength=256) for h in (0, 1)]
-    within = np.corrcoef(halves)[0, 1]
+    within = float(np.asarray(np.corrcoef(halves))[0, 1])
     print(f"expert-use correlation: across requests {off_diagonal:.2f}, within a request {within:.2f}")
     assert within > off_diagonal + 0.1
 
@@ -176,7 +181,9 @@ def _write(path: Path, **overrides: object) -> None:
         "experts": experts,
         "predicted": experts.copy(),
         "lengths": np.array([2], dtype=np.int32),
-        "metadata": np.array(json.dumps({"format": "runahead-routing-trace", "version": 1, "num_experts": 3})),
+        "metadata": np.array(
+            json.dumps({"format": "runahead-routing-trace", "version": 1, "num_experts": 3})
+        ),
     }
     arrays.update(overrides)
     np.savez(path, **arrays)  # type: ignore[arg-type]
@@ -190,24 +197,33 @@ def _write(path: Path, **overrides: object) -> None:
         ({"metadata": np.array("{not json")}, "metadata is not JSON"),
         ({"metadata": np.array(json.dumps({"format": "x"}))}, "format is not"),
         (
-            {"metadata": np.array(json.dumps({"format": "runahead-routing-trace", "version": 9, "num_experts": 3}))},
+            {
+                "metadata": np.array(
+                    json.dumps({"format": "runahead-routing-trace", "version": 9, "num_experts": 3})
+                )
+            },
             "format version 9",
         ),
         ({"experts": np.array([[[[0, 3]], [[1, 2]]]], dtype=np.int16)}, r"expert ids must lie in \[0, 3\)"),
-        ({"experts": np.array([[[[1, 1]], [[1, 2]]]], dtype=np.int16)}, "distinct experts in ascending order"),
+        (
+            {"experts": np.array([[[[1, 1]], [[1, 2]]]], dtype=np.int16)},
+            "distinct experts in ascending order",
+        ),
         ({"lengths": np.array([1], dtype=np.int32)}, "padded with -1"),
         ({"lengths": np.array([3], dtype=np.int32)}, r"lengths must lie in \[1, 2\]"),
         ({"predicted": np.zeros((1, 2, 1, 3), dtype=np.int16)}, "predicted has shape"),
         ({"experts": np.array([[[[0.0, 1.0]], [[1.0, 2.0]]]])}, "experts must hold integers"),
     ],
 )
-def test_bad_files_name_the_problem(tmp_path: Path, overrides: dict[str, object], problem: str | None) -> None:
+def test_bad_files_name_the_problem(
+    tmp_path: Path, overrides: dict[str, object], problem: str | None
+) -> None:
     path = tmp_path / "bad.npz"
     _write(path, **{k: v for k, v in overrides.items() if v is not None})
     if "lengths" in overrides and overrides["lengths"] is None:
         with np.load(path) as data:
             kept = {k: data[k] for k in data.files if k != "lengths"}
-        np.savez(path, **kept)  # type: ignore[arg-type]
+        np.savez(path, **kept)
     if problem is None:
         assert RoutingTrace.load(path).selections(0) == [[(0, 1)], [(1, 2)]]
         return
@@ -219,5 +235,5 @@ def test_bad_files_name_the_problem(tmp_path: Path, overrides: dict[str, object]
 def test_not_an_npz(tmp_path: Path) -> None:
     path = tmp_path / "junk.npz"
     path.write_text("hello")
-    with pytest.raises(TraceFormatError, match="junk.npz: not a readable"):
+    with pytest.raises(TraceFormatError, match=r"junk\.npz: not a readable"):
         RoutingTrace.load(path)
