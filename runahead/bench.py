@@ -31,8 +31,20 @@ WORKLOADS = {"chat": 161}
 belong to the paper-figures work.)"""
 
 REQUIRED_FIELDS = (
-    "policy", "concurrency", "cache_fraction", "tokens_per_s", "step_time_s", "compute_s", "fetch_s",
-    "overlap_fraction", "lower_bound_s", "fetches", "hits", "misses", "wasted_prefetches", "overhead_us_per_job",
+    "policy",
+    "concurrency",
+    "cache_fraction",
+    "tokens_per_s",
+    "step_time_s",
+    "compute_s",
+    "fetch_s",
+    "overlap_fraction",
+    "lower_bound_s",
+    "fetches",
+    "hits",
+    "misses",
+    "wasted_prefetches",
+    "overhead_us_per_job",
 )
 
 
@@ -92,19 +104,35 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         )
     slots = cache_slots(model, point.cache_fraction)
     backend = SimBackend(trace, CostModel(model, profile), step_offset=point.warmup_steps)
-    config = RuntimeConfig(cache_slots=slots, policy=point.policy, eviction=point.eviction,
-                           step_barrier=point.step_barrier, link_queue_depth=profile.link_queue_depth)
+    config = RuntimeConfig(
+        cache_slots=slots,
+        policy=point.policy,
+        eviction=point.eviction,
+        step_barrier=point.step_barrier,
+        link_queue_depth=profile.link_queue_depth,
+    )
     runtime = Runtime(backend, config)
     runtime.warm_cache(warm_keys(trace, point.concurrency, point.warmup_steps))
     prompt = WORKLOADS[point.workload]
-    requests = [RequestSpec(r, point.steps, prompt_tokens=prompt + point.warmup_steps) for r in range(point.concurrency)]
+    requests = [
+        RequestSpec(r, point.steps, prompt_tokens=prompt + point.warmup_steps)
+        for r in range(point.concurrency)
+    ]
     wall, cpu = time.perf_counter(), time.process_time()
     run_virtual(lambda: runtime.run(requests))
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     metrics = summarize(runtime.recorder, runtime.cache.stats, steps=point.steps)
     jobs = sum(record.size for record in runtime.recorder.computes)
-    row = {**asdict(point), "backend": "sim", "cache_slots": slots, "max_active": runtime.max_active,
-           **metrics.as_row(), "overhead_us_per_job": cpu / jobs * 1e6, "jobs": jobs, "wall_s": wall}
+    row = {
+        **asdict(point),
+        "backend": "sim",
+        "cache_slots": slots,
+        "max_active": runtime.max_active,
+        **metrics.as_row(),
+        "overhead_us_per_job": cpu / jobs * 1e6,
+        "jobs": jobs,
+        "wall_s": wall,
+    }
     if timeline is not None:
         timeline(runtime)
     return row
@@ -126,13 +154,28 @@ def sweep(
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
-        BenchPoint(model, profile, policy, concurrency, fraction, steps, workload, seed, barrier, eviction, warmup_steps)
-        for concurrency, fraction, barrier, policy in itertools.product(concurrencies, cache_fractions, barriers, policies)
+        BenchPoint(
+            model,
+            profile,
+            policy,
+            concurrency,
+            fraction,
+            steps,
+            workload,
+            seed,
+            barrier,
+            eviction,
+            warmup_steps,
+        )
+        for concurrency, fraction, barrier, policy in itertools.product(
+            concurrencies, cache_fractions, barriers, policies
+        )
     ]
 
 
-def run_sweep(points: Iterable[BenchPoint], out: Path | None, trace: RoutingTrace | None = None,
-              progress: Any = None) -> list[dict[str, Any]]:
+def run_sweep(
+    points: Iterable[BenchPoint], out: Path | None, trace: RoutingTrace | None = None, progress: Any = None
+) -> list[dict[str, Any]]:
     """Run ``points`` in order, appending each row to ``out/results.jsonl`` as it finishes."""
     rows = []
     sink = None
@@ -157,9 +200,11 @@ def run_sweep(points: Iterable[BenchPoint], out: Path | None, trace: RoutingTrac
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A text table of rows, with each policy's speedup over ``sync`` at the same point."""
     baseline = {_where(row): row["tokens_per_s"] for row in rows if row["policy"] == "sync"}
-    header = (f"{'policy':<28} {'conc':>4} {'cache':>5} {'barrier':>7} {'tok/s':>8} {'vs sync':>7} {'step ms':>8} "
-              f"{'compute':>8} {'fetch':>8} {'bound':>8} {'/bound':>6} {'overlap':>7} {'fetch/st':>8} "
-              f"{'wasted':>6} {'group':>5} {'us/job':>6}")
+    header = (
+        f"{'policy':<28} {'conc':>4} {'cache':>5} {'barrier':>7} {'tok/s':>8} {'vs sync':>7} {'step ms':>8} "
+        f"{'compute':>8} {'fetch':>8} {'bound':>8} {'/bound':>6} {'overlap':>7} {'fetch/st':>8} "
+        f"{'wasted':>6} {'group':>5} {'us/job':>6}"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         sync = baseline.get(_where(row))

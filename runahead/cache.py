@@ -16,7 +16,7 @@ job pins it counts as a wasted prefetch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from runahead.eviction import EvictionPolicy, make_eviction
@@ -129,15 +129,43 @@ class ExpertCache:
         self.stats.misses += 1
         return False
 
-    def pin_all(self, keys: Iterable[ExpertKey]) -> tuple[ExpertKey, ...]:
-        """Pin every key (one job's experts); return those that are not resident."""
-        pin = self.pin
-        return tuple([key for key in keys if not pin(key)])
+    def pin_all(self, keys: Sequence[ExpertKey]) -> tuple[ExpertKey, ...]:
+        """Pin every key (one job's experts); return those that are not resident.
+
+        The same as :meth:`pin` per key, written out because it runs for every expert of every job.
+        """
+        entries, touch, stats = self._entries, self.eviction.touch, self.stats
+        resident = EntryState.RESIDENT
+        missing = []
+        for key in keys:
+            touch(key)
+            entry = entries.get(key)
+            if entry is None:
+                entries[key] = Entry(EntryState.WANTED, refcount=1)
+                missing.append(key)
+                continue
+            if entry.refcount == 0 and entry.state is resident:
+                self._evictable -= 1
+            entry.refcount += 1
+            entry.prefetched_unused = False
+            if entry.state is not resident:
+                missing.append(key)
+        stats.misses += len(missing)
+        stats.hits += len(keys) - len(missing)
+        return tuple(missing)
 
     def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
-        """Release one reference on every key."""
+        """Release one reference on every key (the same as :meth:`unpin` per key)."""
+        entries, add = self._entries, self.eviction.add
+        resident = EntryState.RESIDENT
         for key in keys:
-            self.unpin(key)
+            entry = entries[key]
+            if entry.refcount == 1 and entry.state is resident:
+                entry.refcount = 0
+                self._evictable += 1
+                add(key)
+            else:
+                self.unpin(key)
 
     def unpin(self, key: ExpertKey) -> None:
         """Release one reference. A resident entry whose count reaches zero becomes evictable."""

@@ -113,4 +113,6 @@ def make_eviction(name: str) -> EvictionPolicy:
     try:
         return EVICTION_POLICIES[name]()
     except KeyError:
-        raise ValueError(f"unknown eviction policy {name!r}; choose one of {sorted(EVICTION_POLICIES)}") from None
+        raise ValueError(
+            f"unknown eviction policy {name!r}; choose one of {sorted(EVICTION_POLICIES)}"
+        ) from None

@@ -80,3 +80,8 @@ class Forget:
     """Drop a request's hints (it ended)."""
 
     request: int
+
+
+IssuerMessage = Submit | NextJobs | FetchDone | Finished | None
+SchedulerMessage = Started | Ready | None
+FetcherMessage = Blocked | Prefetch | Forget | None

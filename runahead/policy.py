@@ -22,6 +22,7 @@ from runahead.scheduling import ComputeOrder, FetchOrder, Grouping
 
 E = TypeVar("E", bound=enum.Enum)
 
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """How the three actors schedule: group choice, fetch order, prefetching."""

@@ -82,8 +82,11 @@ class HistoryPredictor:
             return ()
         best_score, best = -1, None
         for past in reversed(maps):  # most recent first, so ties keep the most recent
-            score = sum(len(past.get(lyr, frozenset()) & experts)
-                        for lyr in (layer - 1, layer) if (experts := current.get(lyr)))
+            score = sum(
+                len(past.get(lyr, frozenset()) & experts)
+                for lyr in (layer - 1, layer)
+                if (experts := current.get(lyr))
+            )
             if score > best_score:
                 best_score, best = score, past
         assert best is not None

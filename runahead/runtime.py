@@ -16,13 +16,14 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
 from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ExpertKey, RequestSpec
-from runahead.messages import Submit
+from runahead.messages import FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
 from runahead.policy import PolicyConfig, parse_policy
 from runahead.prefetch import make_predictor
@@ -89,8 +90,8 @@ class Runtime:
         self.recorder = Recorder(record_selections=config.record_selections)
         self.handles: dict[int, RequestHandle] = {}
         self._task_group: asyncio.TaskGroup | None = None
-        self._issuer_inbox: asyncio.Queue[object] | None = None
-        self._inboxes: list[asyncio.Queue[object]] = []
+        self._issuer_inbox: asyncio.Queue[IssuerMessage] | None = None
+        self._inboxes: list[asyncio.Queue[Any]] = []
 
     @property
     def max_active(self) -> int:
@@ -106,38 +107,57 @@ class Runtime:
         if self._task_group is not None:
             raise RuntimeError("this runtime is already running")
         policy = self.config.policy_config
-        issuer: asyncio.Queue[object] = asyncio.Queue(MAILBOX_SIZE)
-        scheduler: asyncio.Queue[object] = asyncio.Queue(MAILBOX_SIZE)
-        fetcher: asyncio.Queue[object] = asyncio.Queue(MAILBOX_SIZE)
-        actors = [
-            JobIssuer(backend=self.backend, cache=self.cache,
-                      predictor=make_predictor(policy.prefetch, self.backend.num_layers),
-                      inbox=issuer, scheduler=scheduler, fetcher=fetcher,  # type: ignore[arg-type]
-                      recorder=self.recorder, max_active=self.config.max_active),
-            ExpertFetcher(backend=self.backend, cache=self.cache, fetch_order=policy.fetch_order,
-                          inbox=fetcher, issuer=issuer, clock=self.clock,  # type: ignore[arg-type]
-                          recorder=self.recorder, queue_depth=self.config.link_queue_depth),
-            ComputeScheduler(backend=self.backend, cache=self.cache,
-                             queue=ComputeQueue(policy.compute_order, policy.grouping),
-                             barrier=StepBarrier(self.config.step_barrier), inbox=scheduler,  # type: ignore[arg-type]
-                             issuer=issuer, clock=self.clock, recorder=self.recorder, sink=self),
-        ]
+        issuer: asyncio.Queue[IssuerMessage] = asyncio.Queue(MAILBOX_SIZE)
+        scheduler: asyncio.Queue[SchedulerMessage] = asyncio.Queue(MAILBOX_SIZE)
+        fetcher: asyncio.Queue[FetcherMessage] = asyncio.Queue(MAILBOX_SIZE)
+        job_issuer = JobIssuer(
+            backend=self.backend,
+            cache=self.cache,
+            predictor=make_predictor(policy.prefetch, self.backend.num_layers),
+            inbox=issuer,
+            scheduler=scheduler,
+            fetcher=fetcher,
+            recorder=self.recorder,
+            max_active=self.config.max_active,
+        )
+        expert_fetcher = ExpertFetcher(
+            backend=self.backend,
+            cache=self.cache,
+            fetch_order=policy.fetch_order,
+            inbox=fetcher,
+            issuer=issuer,
+            clock=self.clock,
+            recorder=self.recorder,
+            queue_depth=self.config.link_queue_depth,
+        )
+        compute_scheduler = ComputeScheduler(
+            backend=self.backend,
+            cache=self.cache,
+            queue=ComputeQueue(policy.compute_order, policy.grouping),
+            barrier=StepBarrier(self.config.step_barrier),
+            inbox=scheduler,
+            issuer=issuer,
+            clock=self.clock,
+            recorder=self.recorder,
+            sink=self,
+        )
         self._issuer_inbox = issuer
         self._inboxes = [issuer, fetcher, scheduler]
         self._task_group = asyncio.TaskGroup()
         await self._task_group.__aenter__()
-        for actor in actors:
-            self._task_group.create_task(actor.run(), name=type(actor).__name__)
+        self._task_group.create_task(job_issuer.run(), name="JobIssuer")
+        self._task_group.create_task(expert_fetcher.run(), name="ExpertFetcher")
+        self._task_group.create_task(compute_scheduler.run(), name="ComputeScheduler")
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
+    ) -> None:
         assert self._task_group is not None
         for inbox in self._inboxes:
             inbox.put_nowait(None)
         try:
-            return await self._task_group.__aexit__(kind, error, tb)
+            await self._task_group.__aexit__(kind, error, tb)
         except BaseExceptionGroup as group:
             failure = _sole_error(group)
             for handle in self.handles.values():

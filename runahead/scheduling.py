@@ -104,7 +104,9 @@ class ComputeQueue:
         entry = self._ready.pop(request, None)
         return None if entry is None else entry[1]
 
-    def select_group(self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]) -> Group | None:
+    def select_group(
+        self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
+    ) -> Group | None:
         """Remove and return the next group, or None if no group may compute now.
 
         ``positions`` maps every active request that has a job in flight (ready, blocked or

@@ -15,7 +15,9 @@ from runahead.trace import RoutingTrace
 COSTS = FixedCosts(group_s=0.001, per_expert_s=0.0002, transfer_s=0.0005, latency_s=0.0001)
 
 
-def random_trace(requests: int, steps: int, layers: int, experts: int, top_k: int, seed: int = 0) -> RoutingTrace:
+def random_trace(
+    requests: int, steps: int, layers: int, experts: int, top_k: int, seed: int = 0
+) -> RoutingTrace:
     """Uniformly random routing; predictions are the true next-layer choices half the time."""
     rng = np.random.default_rng(seed)
     selections = [
@@ -23,8 +25,13 @@ def random_trace(requests: int, steps: int, layers: int, experts: int, top_k: in
         for _ in range(requests)
     ]
     predictions = [
-        [[sel if rng.random() < 0.5 else rng.choice(experts, top_k, replace=False).tolist() for sel in step]
-         for step in request]
+        [
+            [
+                sel if rng.random() < 0.5 else rng.choice(experts, top_k, replace=False).tolist()
+                for sel in step
+            ]
+            for step in request
+        ]
         for request in selections
     ]
     return RoutingTrace.from_selections(selections, experts, predictions)

@@ -45,7 +45,11 @@ def run(backend: SimBackend) -> dict[int, list[int]]:
 
 @pytest.mark.parametrize(
     ("backend", "message"),
-    [(BrokenCompute, "device lost"), (BrokenFetch, "short read"), (WrongResults, r"returned 2 results for a group of 3 jobs")],
+    [
+        (BrokenCompute, "device lost"),
+        (BrokenFetch, "short read"),
+        (WrongResults, r"returned 2 results for a group of 3 jobs"),
+    ],
 )
 def test_actor_errors_reach_the_caller(backend: type[SimBackend], message: str) -> None:
     with pytest.raises(Exception) as caught:  # one error, or a group when two reads fail at once
@@ -63,7 +67,7 @@ def test_a_read_that_never_lands_is_reported_as_a_stall() -> None:
 
 def test_a_trace_too_short_for_the_request_is_named() -> None:
     runtime = Runtime(SimBackend(TRACE, COSTS), RuntimeConfig(cache_slots=6))
-    with pytest.raises(ValueError, match="needs 5 trace steps .* but the trace has 2"):
+    with pytest.raises(ValueError, match=r"needs 5 trace steps .* but the trace has 2"):
         run_virtual(lambda: runtime.run([RequestSpec(0, max_tokens=5)]))
 
 

@@ -5,6 +5,7 @@ entry is never evicted; no expert has two reads in flight; and each request's ex
 are exactly the trace's, so scheduling never changes what is computed.
 """
 
+import itertools
 from collections import defaultdict
 
 from hypothesis import HealthCheck, given, settings
@@ -68,7 +69,9 @@ scenario = st.fixed_dictionaries(
         "barrier": st.booleans(),
         "eviction": st.sampled_from(["lru", "lfu"]),
         "depth": st.integers(1, 3),
-        "costs": st.tuples(st.integers(0, 900), st.integers(0, 300), st.integers(1, 700), st.integers(0, 200)),
+        "costs": st.tuples(
+            st.integers(0, 900), st.integers(0, 300), st.integers(1, 700), st.integers(0, 200)
+        ),
     }
 )
 
@@ -77,7 +80,9 @@ scenario = st.fixed_dictionaries(
 @given(scenario, st.sampled_from(POLICIES))
 def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # type: ignore[type-arg]
     top_k = min(case["top_k"], case["experts"])
-    trace = random_trace(case["requests"], case["steps"], case["layers"], case["experts"], top_k, case["seed"])
+    trace = random_trace(
+        case["requests"], case["steps"], case["layers"], case["experts"], top_k, case["seed"]
+    )
     slots = top_k + case["spare"]
     requests = [RequestSpec(r, max_tokens=case["steps"] - r % 2 or 1) for r in range(case["requests"])]
     group, per_expert, transfer, latency = (us / 1e6 for us in case["costs"])
@@ -88,8 +93,14 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
 
     runtime = Runtime(
         SimBackend(trace, FixedCosts(group, per_expert, transfer, latency)),
-        RuntimeConfig(cache_slots=slots, policy=policy, step_barrier=case["barrier"], eviction=case["eviction"],
-                      link_queue_depth=case["depth"], record_selections=True),
+        RuntimeConfig(
+            cache_slots=slots,
+            policy=policy,
+            step_barrier=case["barrier"],
+            eviction=case["eviction"],
+            link_queue_depth=case["depth"],
+            record_selections=True,
+        ),
     )
     checked = CheckedEviction(runtime)
     results = run_virtual(lambda: runtime.run(requests))
@@ -105,11 +116,14 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
         reads[record.key].append((record.start, record.end))
     for intervals in reads.values():
         intervals.sort()
-        assert all(later[0] >= earlier[1] for earlier, later in zip(intervals, intervals[1:], strict=False))
+        assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(intervals))
     # each request's selections are exactly the trace's, in order
     for request in requests:
-        expected = [(s, layer, trace.selections(request.request)[s][layer])
-                    for s in range(request.max_tokens) for layer in range(case["layers"])]
+        expected = [
+            (s, layer, trace.selections(request.request)[s][layer])
+            for s in range(request.max_tokens)
+            for layer in range(case["layers"])
+        ]
         assert runtime.recorder.selections[request.request] == expected
     # the deadlock rule held: never more requests at once than the cache can pin for
     assert max_concurrent(runtime) <= slots // top_k
@@ -122,8 +136,10 @@ def max_concurrent(runtime: Runtime) -> int:
         for request in record.requests:
             span = spans.setdefault(request, [record.start, record.end])
             span[1] = max(span[1], record.end)
-    events = sorted([(s, 1) for s, _ in spans.values()] + [(e, -1) for _, e in spans.values()],
-                    key=lambda event: (event[0], event[1]))
+    events = sorted(
+        [(s, 1) for s, _ in spans.values()] + [(e, -1) for _, e in spans.values()],
+        key=lambda event: (event[0], event[1]),
+    )
     active = peak = 0
     for _, change in events:
         active += change

@@ -16,7 +16,9 @@ from runahead.scheduling import (
 )
 
 
-def job(request: int, layer: int, experts: tuple[int, ...] = (), epoch: int = 0, lane: int | None = None) -> Job:
+def job(
+    request: int, layer: int, experts: tuple[int, ...] = (), epoch: int = 0, lane: int | None = None
+) -> Job:
     return Job(request, 0, layer, experts, lane=request if lane is None else lane, epoch=epoch)
 
 
@@ -160,7 +162,13 @@ def test_step_barrier_off_passes_jobs_through() -> None:
 
 
 def test_policy_names_and_knobs() -> None:
-    assert set(BASE_POLICIES) == {"runahead", "runahead+prefetch", "sync", "prefetch-gate", "prefetch-history"}
+    assert set(BASE_POLICIES) == {
+        "runahead",
+        "runahead+prefetch",
+        "sync",
+        "prefetch-gate",
+        "prefetch-history",
+    }
     config = parse_policy("runahead/compute=fifo/fetch=global-srtf/grouping=static:2:2:2")
     assert config.compute_order is ComputeOrder.FIFO
     assert config.fetch_order is FetchOrder.GLOBAL_SRTF

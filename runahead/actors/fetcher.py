@@ -15,11 +15,9 @@ from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ExpertKey
-from runahead.messages import Blocked, FetchDone, Forget, Prefetch
+from runahead.messages import Blocked, FetchDone, FetcherMessage, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
 from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
-
-FetcherMessage = Blocked | Prefetch | Forget | None
 
 
 class ExpertFetcher:
@@ -32,7 +30,7 @@ class ExpertFetcher:
         cache: ExpertCache,
         fetch_order: FetchOrder,
         inbox: asyncio.Queue[FetcherMessage],
-        issuer: asyncio.Queue[object],
+        issuer: asyncio.Queue[IssuerMessage],
         clock: Clock,
         recorder: Recorder,
         queue_depth: int = 2,

@@ -18,18 +18,19 @@ from runahead.jobs import ExpertKey, Job, RequestSpec
 from runahead.messages import (
     Blocked,
     FetchDone,
+    FetcherMessage,
     Finished,
     Forget,
+    IssuerMessage,
     NextJobs,
     Prefetch,
     Ready,
+    SchedulerMessage,
     Started,
     Submit,
 )
 from runahead.metrics import Recorder
 from runahead.prefetch import Predictor
-
-IssuerMessage = Submit | NextJobs | FetchDone | Finished | None
 
 
 class JobIssuer:
@@ -42,8 +43,8 @@ class JobIssuer:
         cache: ExpertCache,
         predictor: Predictor | None,
         inbox: asyncio.Queue[IssuerMessage],
-        scheduler: asyncio.Queue[object],
-        fetcher: asyncio.Queue[object],
+        scheduler: asyncio.Queue[SchedulerMessage],
+        fetcher: asyncio.Queue[FetcherMessage],
         recorder: Recorder,
         max_active: int | None = None,
     ) -> None:
@@ -91,7 +92,9 @@ class JobIssuer:
         if self.predictor is not None:
             hint = self.predictor.predict(job)
             layer = job.layer + 1
-            self.fetcher.put_nowait(Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint)))
+            self.fetcher.put_nowait(
+                Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint))
+            )
         if not missing:
             return True
         self._blocked[job.request] = (job, len(missing))

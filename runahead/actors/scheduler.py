@@ -15,11 +15,9 @@ from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
-from runahead.messages import Finished, NextJobs, Ready, Started
+from runahead.messages import Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
 from runahead.scheduling import ComputeQueue, StepBarrier
-
-SchedulerMessage = Started | Ready | None
 
 
 class TokenSink(Protocol):
@@ -41,7 +39,7 @@ class ComputeScheduler:
         queue: ComputeQueue,
         barrier: StepBarrier,
         inbox: asyncio.Queue[SchedulerMessage],
-        issuer: asyncio.Queue[object],
+        issuer: asyncio.Queue[IssuerMessage],
         clock: Clock,
         recorder: Recorder,
         sink: TokenSink,
@@ -95,7 +93,9 @@ class ComputeScheduler:
         results = await self.backend.compute(group)
         end = self.clock.now()
         if len(results) != len(group.jobs):
-            raise RuntimeError(f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs")
+            raise RuntimeError(
+                f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs"
+            )
         self.recorder.compute(start, end, group.layer, tuple(job.request for job in group.jobs))
         for job in group.jobs:
             self.cache.unpin_all(job.keys)
@@ -113,8 +113,16 @@ class ComputeScheduler:
 
     def _next_job(self, result: JobResult) -> Job:
         job = result.job
-        return Job(job.request, job.step, job.layer + 1, result.next_experts, job.lane,
-                   job.num_tokens, result.predicted_next, job.epoch)
+        return Job(
+            job.request,
+            job.step,
+            job.layer + 1,
+            result.next_experts,
+            job.lane,
+            job.num_tokens,
+            result.predicted_next,
+            job.epoch,
+        )
 
     def _token_done(self, result: JobResult, time: float) -> None:
         job = result.job

@@ -100,7 +100,9 @@ class SimBackend:
         self.step_offset = step_offset
         self.zero_cost = zero_cost
         self.clock = clock or Clock()
-        self._requests: dict[int, tuple[RequestSpec, list[list[tuple[int, ...]]], list[list[tuple[int, ...]]]]] = {}
+        self._requests: dict[
+            int, tuple[RequestSpec, list[list[tuple[int, ...]]], list[list[tuple[int, ...]]]]
+        ] = {}
         self._link_free = 0.0
 
     def open_request(self, request: RequestSpec) -> None:
@@ -113,7 +115,9 @@ class SimBackend:
                 f"{request.max_tokens} tokens) but the trace has {self.routing.num_steps}"
             )
         self._requests[request.request] = (
-            request, self.routing.selections(index), self.routing.predictions(index)
+            request,
+            self.routing.selections(index),
+            self.routing.predictions(index),
         )
 
     def close_request(self, request: int) -> None:

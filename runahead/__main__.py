@@ -1,0 +1,5 @@
+import sys
+
+from runahead.cli import main
+
+sys.exit(main())

@@ -1,0 +1,140 @@
+"""``runahead`` command line. It only builds configs and calls the public API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _list(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
+    def parse(text: str) -> list[T]:
+        try:
+            return [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{what}: expected a comma-separated list, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def _barriers(text: str) -> list[bool]:
+    values = {"on": True, "off": False}
+    try:
+        return [values[part] for part in text.split(",")]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"--step-barrier: expected on, off or on,off; got {text!r}"
+        ) from None
+
+
+def _policies(text: str) -> list[str]:
+    from runahead.policy import parse_policy
+
+    specs = [part for part in text.split(",") if part.strip()]
+    try:
+        for spec in specs:
+            parse_policy(spec)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return specs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="runahead", description="Runahead inference for offloaded MoE models."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser(
+        "bench",
+        help="compare scheduling policies side by side",
+        description="Run every (policy, concurrency, cache fraction, barrier) point and print a table. "
+        "Policies: runahead, sync, prefetch-gate, prefetch-history, runahead+prefetch, with knobs as "
+        "NAME/compute=fifo/fetch=global-srtf/grouping=static:2:2:2.",
+    )
+    bench.add_argument(
+        "--backend", default="sim", choices=["sim"], help="only the simulated backend exists so far"
+    )
+    bench.add_argument("--model", default="qwen3.6-35b-a3b", help="model spec name or TOML path")
+    bench.add_argument("--profile", default="thor", help="hardware profile name or TOML path")
+    bench.add_argument(
+        "--policy", type=_policies, default=["sync", "prefetch-gate", "prefetch-history", "runahead"]
+    )
+    bench.add_argument("--concurrency", type=_list(int, "--concurrency"), default=[2, 4, 8, 16])
+    bench.add_argument("--cache-fraction", type=_list(float, "--cache-fraction"), default=[0.3])
+    bench.add_argument("--steps", type=int, default=256, help="decode steps per request")
+    bench.add_argument("--workload", default="chat")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--step-barrier", type=_barriers, default=[True], metavar="on|off|on,off")
+    bench.add_argument("--eviction", default="lfu", choices=["lfu", "lru"])
+    bench.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=8,
+        help="trace steps replayed into the cache before decoding (what the prompt left there)",
+    )
+    bench.add_argument(
+        "--trace", type=Path, help="a recorded routing trace (.npz) instead of the synthetic one"
+    )
+    bench.add_argument("--out", type=Path, help="write DIR/results.jsonl, one row per point")
+    bench.add_argument("--quiet", action="store_true", help="print only the final table")
+    return parser
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from runahead.bench import format_table, run_sweep, sweep
+    from runahead.trace import RoutingTrace
+
+    points = sweep(
+        args.model,
+        args.profile,
+        args.policy,
+        args.concurrency,
+        args.cache_fraction,
+        args.steps,
+        workload=args.workload,
+        seed=args.seed,
+        barriers=args.step_barrier,
+        eviction=args.eviction,
+        warmup_steps=args.warmup_steps,
+    )
+    trace = RoutingTrace.load(args.trace) if args.trace else None
+    total = len(points)
+    done = 0
+
+    def progress(row: dict[str, Any]) -> None:
+        nonlocal done
+        done += 1
+        if not args.quiet:
+            print(
+                f"[{done}/{total}] {row['policy']} x{row['concurrency']} cache {row['cache_fraction']:.2f}: "
+                f"{row['tokens_per_s']:.1f} tok/s ({row['wall_s']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    rows = run_sweep(points, args.out, trace, progress)
+    print(format_table(rows))
+    if args.out:
+        print(f"\nwrote {args.out / 'results.jsonl'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "bench":
+            return run_bench(args)
+    except (ValueError, FileNotFoundError) as error:
+        parser.exit(2, f"runahead: error: {error}\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
