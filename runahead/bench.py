@@ -63,6 +63,8 @@ class BenchPoint:
     step_barrier: bool = True
     eviction: str = "lfu"
     warmup_steps: int = 8
+    zero_cost: bool = False
+    """Charge no time for compute or reads: the row's ``overhead_us_per_job`` is then the runtime's own."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -103,7 +105,12 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
             f"{model.num_layers} x top-{model.top_k}"
         )
     slots = cache_slots(model, point.cache_fraction)
-    backend = SimBackend(trace, CostModel(model, profile), step_offset=point.warmup_steps)
+    for request in range(point.concurrency):  # build the trace's tuples before the clock starts
+        trace.selections(request % trace.num_requests)
+        trace.predictions(request % trace.num_requests)
+    backend = SimBackend(
+        trace, CostModel(model, profile), step_offset=point.warmup_steps, zero_cost=point.zero_cost
+    )
     config = RuntimeConfig(
         cache_slots=slots,
         policy=point.policy,
@@ -151,6 +158,7 @@ def sweep(
     barriers: Sequence[bool] = (True,),
     eviction: str = "lfu",
     warmup_steps: int = 8,
+    zero_cost: bool = False,
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
@@ -166,6 +174,7 @@ def sweep(
             barrier,
             eviction,
             warmup_steps,
+            zero_cost,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             concurrencies, cache_fractions, barriers, policies

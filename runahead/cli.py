@@ -102,6 +102,7 @@ def run_bench(args: argparse.Namespace) -> int:
         barriers=args.step_barrier,
         eviction=args.eviction,
         warmup_steps=args.warmup_steps,
+        zero_cost=args.zero_cost,
     )
     trace = RoutingTrace.load(args.trace) if args.trace else None
     total = len(points)

@@ -165,3 +165,17 @@ def test_a_cache_smaller_than_one_job_is_refused_up_front() -> None:
     trace = random_trace(requests=1, steps=1, layers=2, experts=8, top_k=4)
     with pytest.raises(ValueError, match="cache of 3 slots cannot hold the 4 experts"):
         Runtime(SimBackend(trace, FixedCosts(0.001, 0, 0.001)), RuntimeConfig(cache_slots=3))
+
+
+def test_two_runs_with_the_same_seed_are_identical_event_for_event() -> None:
+    from runahead.bench import BenchPoint, run_point
+
+    logs = []
+    for _ in range(2):
+        point = BenchPoint("olmoe-1b-7b", "mac-mini", "runahead+prefetch", 4, 0.2, 6, step_barrier=False)
+        captured: list[Runtime] = []
+        run_point(point, timeline=captured.append)
+        recorder = captured[0].recorder
+        logs.append((recorder.computes, recorder.fetches, recorder.tokens, captured[0].cache.stats))
+    assert logs[0] == logs[1]
+    assert len(logs[0][0]) > 100 and len(logs[0][1]) > 100
