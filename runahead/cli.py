@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace steps replayed into the cache before decoding (what the prompt left there)",
     )
     bench.add_argument(
+        "--zero-cost",
+        action="store_true",
+        help="charge no time for compute or reads, to measure the runtime's own overhead per job",
+    )
+    bench.add_argument(
         "--trace", type=Path, help="a recorded routing trace (.npz) instead of the synthetic one"
     )
     bench.add_argument("--out", type=Path, help="write DIR/results.jsonl, one row per point")

@@ -9,7 +9,7 @@ needs no experts. The job at the last layer ends in the LM head and sampling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 ENTRY_LAYER = -1
 """Layer index of a token's first job (embedding, attention 0, gate 0): it needs no experts."""
@@ -85,9 +85,13 @@ class Group:
 
 @dataclass(slots=True)
 class RequestSpec:
-    """A generation to run: ``max_tokens`` decode steps after a prompt of ``prompt_tokens``.
+    """A generation to run: ``max_tokens`` generated tokens, stopping early at a stop token.
 
-    ``trace_index`` selects the routing of the request in a simulated backend's trace.
+    ``prompt`` holds the token ids a real backend feeds first, one per step (the first
+    ``len(prompt) - 1`` steps only fill the KV cache; the last prompt token's step yields the first
+    generated token). ``prompt_tokens`` is context a simulated backend assumes is already in the KV
+    cache. ``trace_index`` selects the request's routing in a simulated backend's trace.
+    ``sampling`` (a :class:`runahead.sampling.SamplingParams`) is for backends that sample.
     """
 
     request: int
@@ -95,6 +99,13 @@ class RequestSpec:
     prompt_tokens: int = 0
     trace_index: int | None = None
     stop_tokens: frozenset[int] = field(default_factory=frozenset)
+    prompt: tuple[int, ...] = ()
+    sampling: Any = None
+
+    @property
+    def feed_steps(self) -> int:
+        """Steps that only feed prompt tokens (they produce no generated token)."""
+        return max(0, len(self.prompt) - 1)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -126,12 +126,15 @@ class ComputeScheduler:
 
     def _token_done(self, result: JobResult, time: float) -> None:
         job = result.job
-        if result.token is None:
-            raise RuntimeError(f"backend returned no token for request {job.request}'s last layer")
         request = self.requests[job.request]
-        self.recorder.token(job.request, job.step, time)
-        self.sink.token(job.request, job.step, result.token, time)
-        finished = job.step + 1 >= request.max_tokens or result.token in request.stop_tokens
+        generated = job.step - request.feed_steps  # negative while the prompt is being fed
+        finished = False
+        if generated >= 0:
+            if result.token is None:
+                raise RuntimeError(f"backend returned no token for request {job.request}'s last layer")
+            self.recorder.token(job.request, generated, time)
+            self.sink.token(job.request, generated, result.token, time)
+            finished = generated + 1 >= request.max_tokens or result.token in request.stop_tokens
         self.positions.pop(job.request, None)
         if finished:
             del self.requests[job.request], self.lanes[job.request]

@@ -1,0 +1,75 @@
+"""Sampling parameters (pure) and the token sampler (torch, imported lazily).
+
+``SamplingParams`` is plain data the engine validates when a request is made; ``Sampler`` turns one
+row of logits into a token with a per-request generator, so a seeded request draws the same tokens
+whatever else runs beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens: greedy at ``temperature == 0``; else temperature, then top-k, then top-p."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must lie in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Sampler:
+    """Draws tokens for one request."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        import torch
+
+        self.params = params
+        self.generator = torch.Generator()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """One token from a ``[vocab]`` row of logits (float32)."""
+        import torch
+
+        params = self.params
+        if params.greedy:
+            return int(torch.argmax(logits).item())
+        scores = logits.float() / params.temperature
+        if params.top_k and params.top_k < scores.numel():
+            kth = torch.topk(scores, params.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs = probs / probs.sum()
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator).item())
