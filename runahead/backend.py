@@ -45,7 +45,7 @@ class Backend(Protocol):
         ...
 
 
-BUILTIN_BACKENDS = {"sim": "runahead.backends.sim"}
+BUILTIN_BACKENDS = {"sim": "runahead.backends.sim", "torch": "runahead.backends.torch"}
 ENTRY_POINT_GROUP = "runahead.backends"
 
 
