@@ -15,8 +15,8 @@ The entry job (``ENTRY_LAYER``, -1) reads embedding rows and attention 0 + gate 
 The job at the last layer runs MoE ``L-1`` and then the final norm + LM head (read once per group)
 instead of a next attention. Then::
 
-    time = group_overhead_s + max(bytes / (memory_bandwidth * bandwidth_efficiency),
-                                  flops / peak_flops)
+    time = group_overhead_s + jobs * job_overhead_s
+           + max(bytes / (memory_bandwidth * bandwidth_efficiency), flops / peak_flops)
     flops = 2 * (active parameters each token goes through) * tokens  (+ attention scores)
 
 A fetch moves one expert over the link: ``expert_bytes / link_bandwidth`` of link time after a
@@ -60,12 +60,12 @@ class CostModel:
         ``num_tokens[i]`` is job i's token count (1 in decode, the chunk size in prefill) and
         ``context_lengths[i]`` the tokens its attention reads (including its own). ``distinct_experts``
         counts the experts of ``layer`` the group's tokens go through; it is ignored for the entry job.
-        Returns ``group_overhead_s + max(bytes / effective bandwidth, flops / peak_flops)``.
+        Returns ``group_overhead_s + jobs * job_overhead_s + max(bytes / effective bandwidth,
+        flops / peak_flops)``.
         """
         memory_bytes, flops = self.group_bytes_and_flops(layer, num_tokens, context_lengths, distinct_experts)
-        return self.profile.group_overhead_s + max(
-            memory_bytes / self._bandwidth, flops / self.profile.peak_flops
-        )
+        overhead = self.profile.group_overhead_s + len(num_tokens) * self.profile.job_overhead_s
+        return overhead + max(memory_bytes / self._bandwidth, flops / self.profile.peak_flops)
 
     def group_bytes_and_flops(
         self,

@@ -176,7 +176,9 @@ class HardwareProfile:
     """A machine for the ``sim`` backend and the cost model: memory, compute and the expert link.
 
     ``memory_bandwidth`` is the cited peak; ``bandwidth_efficiency`` the fraction a decode kernel
-    achieves. ``group_overhead_s`` is the fixed cost of one backend call (one group at one layer).
+    achieves. ``group_overhead_s`` is the fixed cost of one backend call (one group at one layer);
+    ``job_overhead_s`` the fixed cost each job adds to its group (per-request kernels and
+    bookkeeping that batching does not amortize).
     The link moves experts from their store into the cache: ``link_bandwidth`` is the effective
     rate for expert-sized reads, ``link_latency_s`` the per-read latency, and up to
     ``link_queue_depth`` reads are in flight by default.
@@ -190,6 +192,7 @@ class HardwareProfile:
     link_bandwidth: float
     link_latency_s: float
     link_queue_depth: int = 4
+    job_overhead_s: float = 0.0
     description: str = ""
     sources: tuple[str, ...] = ()
     estimates: tuple[str, ...] = ()
@@ -203,6 +206,7 @@ class HardwareProfile:
         _require(
             self, self.group_overhead_s >= 0, f"group_overhead_s must be >= 0, got {self.group_overhead_s}"
         )
+        _require(self, self.job_overhead_s >= 0, f"job_overhead_s must be >= 0, got {self.job_overhead_s}")
         _require(self, self.link_bandwidth > 0, f"link_bandwidth must be > 0, got {self.link_bandwidth}")
         _require(self, self.link_latency_s >= 0, f"link_latency_s must be >= 0, got {self.link_latency_s}")
         _require(

@@ -16,6 +16,7 @@ from runahead.trace import (
     TraceFormatError,
     cache_hold_fraction,
     default_trace,
+    replay_fetches,
     synthetic_trace,
 )
 
@@ -72,8 +73,10 @@ def test_temporal_reuse_is_real(trace: RoutingTrace) -> None:
     no_reuse = synthetic_trace(40, 256, 8, 8, 128, 0, SyntheticRouting(reuse_boost=0.0))
     baseline = _reuse_rate(no_reuse.experts)
     print(f"temporal reuse {reuse:.3f} (without the reuse term {baseline:.3f}, uniform {8 / 256:.3f})")
-    assert 0.2 < reuse < 0.45
-    assert reuse > baseline + 0.08
+    # Was 0.2-0.45 before the fetch calibration: the shared popularity (skew 1.25) alone now gives
+    # ~0.28, and the reuse term the fetch figures need brings it to ~0.70.
+    assert 0.5 < reuse < 0.85
+    assert reuse > baseline + 0.2
 
 
 def test_popularity_skew(trace: RoutingTrace) -> None:
@@ -81,7 +84,9 @@ def test_popularity_skew(trace: RoutingTrace) -> None:
     ranked = -np.sort(-counts, axis=1)
     top_share = float(ranked[:, :77].sum() / ranked.sum())  # top 30% of experts per layer
     print(f"top 30% of experts take {top_share:.3f} of selections")
-    assert 0.45 < top_share < 0.8
+    # Was 0.45-0.8 before the fetch calibration: the paper's ~235 fetches per step need the
+    # requests to share a strongly skewed per-layer popularity (~0.91 here).
+    assert 0.8 < top_share < 0.97
     # a different popular set per layer: the most used expert differs across layers
     assert len(set(np.argmax(counts, axis=1).tolist())) > 10
 
@@ -103,15 +108,22 @@ def _chi_square(trace: RoutingTrace, shift: int, span: int) -> float:
 
 
 def test_cross_layer_correlation() -> None:
-    """Same-token layer pairs depend on each other more than pairs 64 tokens apart (same topic)."""
+    """Same-token layer pairs depend on each other more than pairs 64 tokens apart (same topic).
+
+    Topic switches are off here so that tokens 64 apart keep their topic (with the default switch
+    rate they mostly do not, which doubles the ratio with or without clusters). The cluster term's
+    effect is smaller than before the fetch calibration (ratio ~1.05, was > 1.15) because the now
+    strongly skewed shared popularity takes a larger part of every choice.
+    """
     ratios = {}
     for boost in (SyntheticRouting().cluster_boost, 0.0):
-        t = synthetic_trace(4, 64, 4, 16, 512, 0, SyntheticRouting(cluster_boost=boost))
+        params = SyntheticRouting(cluster_boost=boost, topic_switch_prob=0.0)
+        t = synthetic_trace(4, 64, 4, 16, 512, 0, params)
         ratios[boost] = _chi_square(t, 0, 448) / _chi_square(t, 64, 448)
     print(f"cross-layer dependence, same token / 64 tokens apart: {ratios}")
     with_clusters, without = ratios.values()
-    assert with_clusters > 1.15
-    assert abs(without - 1.0) < 0.05
+    assert with_clusters > without + 0.03
+    assert abs(without - 1.0) < 0.02
 
 
 def test_topic_preference_makes_requests_differ(trace: RoutingTrace) -> None:
@@ -131,12 +143,10 @@ def test_prediction_precision_in_the_literature_band(trace: RoutingTrace) -> Non
     assert 0.6 <= precision <= 0.8
 
 
-def test_hold_fraction_matches_paper() -> None:
-    """Tuned figure: the paper's 30% cache holds 54.1% of needed experts."""
-    trace = default_trace(QWEN, 8, 256, seed=0)
+def test_hold_fraction_grows_with_the_cache() -> None:
+    """Per request (one-request trace); the paper's 54.1% is checked in tests/test_calibration.py."""
+    trace = default_trace(QWEN, 1, 128, seed=0)
     held = cache_hold_fraction(trace, 0.3, "lfu")
-    print(f"30% LFU cache holds {held:.3f} of needed experts (paper: 0.541)")
-    assert held == pytest.approx(0.541, abs=0.05)
     assert cache_hold_fraction(trace, 0.1) < held < cache_hold_fraction(trace, 0.6)
 
 
@@ -146,6 +156,19 @@ def test_hold_fraction_replay_by_hand() -> None:
     assert cache_hold_fraction(trace, 0.5, "lru") == pytest.approx(2 / 5)  # hits at steps 2 and 4
     with pytest.raises(ValueError, match="cannot hold"):
         cache_hold_fraction(trace, 0.0)
+
+
+def test_replay_fetches_by_hand() -> None:
+    # 1 layer, 4 experts, top-1; requests 0 and 1 decode together with a 2-entry LRU cache.
+    # warm-up step 0 loads 0 then 1; step 1 needs {0, 2}: 2 is fetched and evicts 1 (0 is pinned);
+    # step 2 needs {1, 3}: both fetched; step 3 needs {3} twice: resident, nothing fetched.
+    trace = RoutingTrace.from_selections(
+        [[[[0]], [[0]], [[1]], [[3]]], [[[1]], [[2]], [[3]], [[3]]]], num_experts=4
+    )
+    assert replay_fetches(trace, 0.5, "lru", warmup_steps=1) == [1, 2, 0]
+    assert replay_fetches(trace, 0.5, "lru", warmup_steps=1, num_requests=1) == [0, 1, 1]
+    with pytest.raises(ValueError, match="cannot hold"):
+        replay_fetches(trace, 0.25, warmup_steps=1)
 
 
 def test_save_load_round_trip(trace: RoutingTrace, tmp_path: Path) -> None:
