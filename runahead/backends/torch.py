@@ -79,7 +79,9 @@ class TorchBackend:
         vocab = self.model.config.vocab_size
         bad = [t for t in request.prompt if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"request {request.request}: prompt token ids {bad[:5]} are outside [0, {vocab})")
+            raise ValueError(
+                f"request {request.request}: prompt token ids {bad[:5]} are outside [0, {vocab})"
+            )
         params = request.sampling or SamplingParams(max_tokens=request.max_tokens)
         self._requests[request.request] = _RequestState(request, self.model.new_cache(), Sampler(params))
 
@@ -116,13 +118,18 @@ class TorchBackend:
         model, layer = self.model, group.layer
         states = [self._requests[job.request] for job in group.jobs]
         if layer == ENTRY_LAYER:
-            tokens = [self._input_token(state, job.step) for state, job in zip(states, group.jobs, strict=True)]
+            tokens = [
+                self._input_token(state, job.step) for state, job in zip(states, group.jobs, strict=True)
+            ]
             hidden = model.embed(torch.tensor(tokens, dtype=torch.long, device=self.slots.device))
         else:
-            hidden = torch.cat([state.hidden for state in states])
-            ids = torch.cat([state.ids for state in states])
-            weights = torch.cat([state.weights for state in states])
-            experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in {int(i) for i in ids.flatten().tolist()}}
+            carried = [_carried(state, job.request) for state, job in zip(states, group.jobs, strict=True)]
+            hidden = torch.cat([c[0] for c in carried])
+            ids = torch.cat([c[1] for c in carried])
+            weights = torch.cat([c[2] for c in carried])
+            experts = {
+                e: self._slot_tensor(ExpertKey(layer, e)) for e in {int(i) for i in ids.flatten().tolist()}
+            }
             hidden = model.moe(layer, hidden, ids, weights, experts)
         if layer == self.num_layers - 1:
             return self._sample(group, states, model.logits(hidden))
@@ -134,7 +141,11 @@ class TorchBackend:
             predicted, _ = model.route(following + 1, hidden)
         results = []
         for row, (state, job) in enumerate(zip(states, group.jobs, strict=True)):
-            state.hidden, state.ids, state.weights = hidden[row : row + 1], ids[row : row + 1], weights[row : row + 1]
+            state.hidden, state.ids, state.weights = (
+                hidden[row : row + 1],
+                ids[row : row + 1],
+                weights[row : row + 1],
+            )
             guess = tuple(sorted(set(predicted[row].tolist()))) if predicted is not None else ()
             results.append(JobResult(job, tuple(sorted(set(ids[row].tolist()))), guess))
         return results
@@ -164,6 +175,15 @@ class TorchBackend:
     def _slot_tensor(self, key: ExpertKey) -> torch.Tensor:
         slot = self._slot_of.get(key)
         if slot is None or self._slot_owner.get(slot) != key:
-            raise RuntimeError(f"{key} is not resident in any cache slot; the runtime must pin it before compute")
+            raise RuntimeError(
+                f"{key} is not resident in any cache slot; the runtime must pin it before compute"
+            )
         tensor: torch.Tensor = self.slots.slot(slot)
         return tensor
+
+
+def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The residual stream and routing a request's previous job left for this one."""
+    if state.hidden is None or state.ids is None or state.weights is None:
+        raise RuntimeError(f"request {request} has no hidden state for its MoE job: jobs ran out of order")
+    return state.hidden, state.ids, state.weights
