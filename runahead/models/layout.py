@@ -51,4 +51,9 @@ class ExpertLayout:
     def offsets(self) -> dict[str, tuple[int, int]]:
         """Element offsets ``(start, stop)`` of each role inside a slot."""
         block = self.hidden_size * self.intermediate_size
-        return {"gate": (0, block), "up": (block, 2 * block), "down": (2 * block, 3 * block), "gate_up": (0, 2 * block)}
+        return {
+            "gate": (0, block),
+            "up": (block, 2 * block),
+            "down": (2 * block, 3 * block),
+            "gate_up": (0, 2 * block),
+        }

@@ -1,0 +1,229 @@
+"""Load a Hugging Face model folder: resident weights into a model, routed experts into a layout.
+
+The folder holds ``config.json`` and ``model.safetensors``, or shards listed by
+``model.safetensors.index.json``. Safetensors headers are parsed here (8-byte little-endian
+length, then JSON with each tensor's dtype, shape and data offsets relative to the data start), so
+every expert's absolute byte range is known without reading it: the expert store reads those
+ranges into cache slots. Resident (non-expert) weights load through ``safetensors.safe_open`` and
+are widened to the compute dtype.
+
+Experts may be stored per expert (the hub's names) or stacked (transformers'
+``save_original_format=False``: ``gate_up_proj [E, 2I, H]``, gate rows first, and
+``down_proj [E, H, I]``); expert ``e`` of a stacked tensor is its ``e``-th contiguous slice. Both
+orientations already match the slot format, so no range needs transposing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runahead.models import get_architecture
+from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
+from runahead.models.layout import ExpertLayout, TensorRange
+
+__all__ = ["ModelLoadError", "load_model", "load_reference_slot", "load_tokenizer", "read_config"]
+
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "F32": (torch.float32, 4),
+    "F16": (torch.float16, 2),
+    "BF16": (torch.bfloat16, 2),
+}
+"""Safetensors dtypes the loader reads, with their torch dtype and size in bytes."""
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Where one tensor lies: its file, absolute byte offset, size, dtype name and shape."""
+
+    path: str
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of a model folder; :class:`ModelLoadError` if absent or invalid."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise ModelLoadError(f"{path}: no config.json (not a Hugging Face model folder)")
+    try:
+        raw = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{file}: invalid JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{file}: expected a JSON object")
+    return raw
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The folder's safetensors files: the shards of the index, else ``model.safetensors``."""
+    folder = Path(path)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise ModelLoadError(f"{folder}: missing shard {file.name} (listed in {INDEX_FILE})")
+        return files
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE]
+    raise ModelLoadError(f"{folder}: no {SINGLE_FILE} and no {INDEX_FILE}")
+
+
+def read_header(file: Path) -> dict[str, TensorInfo]:
+    """Every tensor of one safetensors file with its absolute byte range, checked against the file size."""
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ModelLoadError(f"{file.name}: truncated (no safetensors header)")
+        (length,) = struct.unpack("<Q", head)
+        if 8 + length > size:
+            raise ModelLoadError(f"{file.name}: truncated header ({length} bytes declared, file is {size})")
+        try:
+            header = json.loads(f.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ModelLoadError(f"{file.name}: invalid safetensors header ({err})") from None
+    infos = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        shape = tuple(int(d) for d in entry["shape"])
+        if 8 + length + end > size:
+            raise ModelLoadError(
+                f"{file.name}: truncated: tensor {name} ends at byte {8 + length + end}, file has {size}"
+            )
+        if entry["dtype"] in DTYPES and end - begin != math.prod(shape) * DTYPES[entry["dtype"]][1]:
+            raise ModelLoadError(
+                f"{file.name}: tensor {name} has {end - begin} bytes for shape {list(shape)}"
+            )
+        infos[name] = TensorInfo(str(file), 8 + length + begin, end - begin, entry["dtype"], shape)
+    return infos
+
+
+def read_headers(files: list[Path]) -> dict[str, TensorInfo]:
+    """The tensors of all files of a checkpoint, by name."""
+    infos: dict[str, TensorInfo] = {}
+    for file in files:
+        infos.update(read_header(file))
+    return infos
+
+
+def _find(
+    infos: Mapping[str, TensorInfo], names: tuple[str, ...], shape: tuple[int, ...]
+) -> tuple[str, TensorInfo]:
+    """The first of ``names`` present, checked for ``shape`` and a readable dtype."""
+    name = next((n for n in names if n in infos), None)
+    if name is None:
+        raise ModelLoadError(f"missing tensor {names[0]}")
+    info = infos[name]
+    if info.shape != shape:
+        raise ModelLoadError(f"tensor {name}: expected shape {list(shape)}, found {list(info.shape)}")
+    if info.dtype not in DTYPES:
+        raise ModelLoadError(
+            f"tensor {name}: unsupported dtype {info.dtype} (expected one of {list(DTYPES)})"
+        )
+    return name, info
+
+
+def expert_layout(arch: type[MoEModel], config: MoEConfig, infos: Mapping[str, TensorInfo]) -> ExpertLayout:
+    """Byte ranges of every routed expert, from per-expert or stacked tensors (detected per layer)."""
+    h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
+    ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
+    for layer in range(config.num_layers):
+        gate_up_name, down_name = arch.stacked_expert_names(layer)
+        if gate_up_name in infos:
+            _, gate_up = _find(infos, (gate_up_name,), (n, 2 * i, h))
+            _, down = _find(infos, (down_name,), (n, h, i))
+            for e in range(n):
+                ranges[layer, e] = (_slice(gate_up, e, "gate_up"), _slice(down, e, "down"))
+            continue
+        for e in range(n):
+            names = arch.expert_names(layer, e)
+            shapes = ((i, h), (i, h), (h, i))
+            ranges[layer, e] = tuple(
+                _range(_find(infos, (name,), shape)[1], role)
+                for name, shape, role in zip(names, shapes, ("gate", "up", "down"), strict=True)
+            )
+    return ExpertLayout(config.num_layers, n, h, i, ranges)
+
+
+def _range(info: TensorInfo, role: str) -> TensorRange:
+    return TensorRange(info.path, info.offset, info.nbytes, info.dtype, info.shape, role)
+
+
+def _slice(info: TensorInfo, expert: int, role: str) -> TensorRange:
+    per = info.nbytes // info.shape[0]
+    return TensorRange(info.path, info.offset + expert * per, per, info.dtype, info.shape[1:], role)
+
+
+def load_model(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[MoEModel, ExpertLayout]:
+    """Load a Hugging Face MoE folder: its resident weights in ``dtype`` on ``device``, and its expert layout.
+
+    Called once at start-up. Routed experts are not loaded; the returned :class:`ExpertLayout`
+    says where each lies. Raises :class:`ModelLoadError` naming the file, tensor or key at fault.
+    """
+    from safetensors import safe_open
+
+    raw = read_config(path)
+    arch = get_architecture(str(raw.get("model_type")))
+    config = arch.parse_config(raw)
+    infos = read_headers(weight_files(path))
+    names = arch.weight_names(config)
+    by_file: dict[str, list[tuple[str, str]]] = {}
+    for key, shape in arch.weight_shapes(config).items():
+        name, info = _find(infos, names[key], shape)
+        by_file.setdefault(info.path, []).append((key, name))
+    weights: dict[str, torch.Tensor] = {}
+    for file, wanted in by_file.items():
+        with safe_open(file, framework="pt") as f:
+            for key, name in wanted:
+                # A fresh, aligned copy: never a view into the mapped file (whose alignment would
+                # change matmul rounding from one file layout to another).
+                weights[key] = f.get_tensor(name).to(device=device, dtype=dtype, copy=True)
+    return arch(config, weights), expert_layout(arch, config, infos)
+
+
+def load_reference_slot(
+    layout: ExpertLayout, layer: int, expert: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """One expert's cache slot filled with plain buffered reads of its byte ranges.
+
+    The correctness reference for the expert store, and the slot source of tests. Returns a flat
+    ``[3 * I * H]`` CPU tensor (``gate | up | down``) in ``dtype``.
+    """
+    slot = torch.empty(layout.slot_numel, dtype=dtype)
+    offsets = layout.offsets()
+    for rng in layout.ranges[layer, expert]:
+        with open(rng.path, "rb") as f:
+            f.seek(rng.offset)
+            data = bytearray(f.read(rng.nbytes))
+        if len(data) != rng.nbytes:
+            raise ModelLoadError(f"{Path(rng.path).name}: truncated: expert ({layer}, {expert}) {rng.role}")
+        tensor = torch.frombuffer(data, dtype=DTYPES[rng.dtype][0])
+        start, stop = offsets[rng.role]
+        slot[start:stop] = tensor.to(dtype)
+    return slot
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in the model folder, loaded offline with ``transformers.AutoTokenizer``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -1,0 +1,272 @@
+"""The job-split models against transformers' own forward, the loader's formats, and its errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from modelhelpers import ARCHS, EXPERTS, build_tiny_model, reference_logits, run_jobs, slots_for
+
+from runahead.models import ARCHITECTURES, get_architecture
+from runahead.models.base import ModelLoadError, MoEModel
+from runahead.models.layout import ExpertLayout
+from runahead.models.loader import load_model, load_reference_slot, load_tokenizer
+
+PROMPT = [5, 17, 33, 2, 100, 7, 9, 250, 3, 44]
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="session")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny per-expert model folder per architecture, built once."""
+    root = tmp_path_factory.mktemp("models")
+    return {arch: build_tiny_model(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def references(folders: dict[str, Path]) -> dict[str, torch.Tensor]:
+    """transformers' logits of ``PROMPT`` for each architecture."""
+    return {arch: reference_logits(path, PROMPT) for arch, path in folders.items()}
+
+
+def _decode(model: MoEModel, layout: ExpertLayout, tokens: list[int]) -> torch.Tensor:
+    cache = model.new_cache(capacity=2)  # small, so the cache grows on the way
+    return torch.cat([run_jobs(model, layout, [(cache, [t])])[0] for t in tokens])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_by_token_matches_transformers(
+    arch: str, folders: dict[str, Path], references: dict[str, torch.Tensor]
+) -> None:
+    model, layout = load_model(folders[arch])
+    assert type(model).model_type == arch
+    logits = _decode(model, layout, PROMPT)
+    assert (logits - references[arch]).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_then_decode_matches_transformers(
+    arch: str, folders: dict[str, Path], references: dict[str, torch.Tensor]
+) -> None:
+    model, layout = load_model(folders[arch])
+    cache = model.new_cache()
+    prefill = run_jobs(model, layout, [(cache, PROMPT[:7])])[0]
+    decoded = [run_jobs(model, layout, [(cache, [t])])[0] for t in PROMPT[7:]]
+    logits = torch.cat([prefill, *decoded])
+    assert cache.length == len(PROMPT)
+    assert (logits - references[arch]).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_routing_varies_so_the_comparison_means_something(arch: str, folders: dict[str, Path]) -> None:
+    model, _ = load_model(folders[arch])
+    cache = model.new_cache()
+    hidden = model.attention(0, model.embed(torch.tensor(PROMPT)), [(cache, 0, len(PROMPT))])
+    ids, weights = model.route(0, hidden)
+    assert ids.shape == weights.shape == (len(PROMPT), 2)
+    assert len(torch.unique(ids)) >= EXPERTS // 2
+    if model.config.norm_topk_prob:
+        assert torch.allclose(weights.sum(-1), torch.ones(len(PROMPT)))
+
+
+@pytest.mark.parametrize(
+    ("arch", "overrides"),
+    [
+        ("qwen2_moe", {"tie_word_embeddings": True}),
+        ("qwen3_moe", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}),
+    ],
+    ids=["tied-embeddings", "linear-rope"],
+)
+def test_config_variants_match_transformers(arch: str, overrides: dict[str, object], tmp_path: Path) -> None:
+    path = build_tiny_model(arch, tmp_path / "m", **overrides)
+    model, layout = load_model(path)
+    logits = _decode(model, layout, PROMPT[:6])
+    assert (logits - reference_logits(path, PROMPT[:6])).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_requests_in_one_batch_match_separate_runs(arch: str, folders: dict[str, Path]) -> None:
+    model, layout = load_model(folders[arch])
+    first, second = PROMPT[:5], PROMPT[5:8]
+    alone_a, alone_b = model.new_cache(), model.new_cache()
+    run_jobs(model, layout, [(alone_a, first)])
+    run_jobs(model, layout, [(alone_b, second)])
+    expected_a = run_jobs(model, layout, [(alone_a, [PROMPT[8]])])[0]  # decode at position 5
+    expected_b = run_jobs(model, layout, [(alone_b, PROMPT[8:])])[0]  # prefill at positions 3..4
+    batch_a, batch_b = model.new_cache(), model.new_cache()
+    run_jobs(model, layout, [(batch_a, first), (batch_b, second)])
+    got_a, got_b = run_jobs(model, layout, [(batch_a, [PROMPT[8]]), (batch_b, PROMPT[8:])])
+    torch.testing.assert_close(got_a, expected_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_b, expected_b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_per_expert_stacked_and_sharded_files_load_identically(
+    arch: str, tmp_path: Path, folders: dict[str, Path]
+) -> None:
+    plain = load_model(folders[arch])
+    stacked = load_model(build_tiny_model(arch, tmp_path / "stacked", stacked=True))
+    sharded = load_model(build_tiny_model(arch, tmp_path / "sharded", sharded=True))
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    assert {r.role for r in stacked[1].ranges[0, 3]} == {"gate_up", "down"}
+    assert {r.role for r in plain[1].ranges[0, 3]} == {"gate", "up", "down"}
+    for model, layout in (stacked, sharded):
+        assert model.weights.keys() == plain[0].weights.keys()
+        for key, weight in plain[0].weights.items():
+            assert torch.equal(model.weights[key], weight), key
+        for layer, expert in plain[1].ranges:
+            expected = load_reference_slot(plain[1], layer, expert)
+            assert torch.equal(load_reference_slot(layout, layer, expert), expected)
+        assert torch.equal(_decode(model, layout, PROMPT[:4]), _decode(*plain, PROMPT[:4]))
+
+
+def test_bf16_files_widen_to_float32_and_match_transformers(tmp_path: Path) -> None:
+    path = build_tiny_model("qwen3_moe", tmp_path / "bf16", dtype=torch.bfloat16, stacked=True)
+    model, layout = load_model(path)
+    assert {r.dtype for ranges in layout.ranges.values() for r in ranges} == {"BF16"}
+    assert model.weights["embed"].dtype == torch.float32
+    assert load_reference_slot(layout, 1, 5).dtype == torch.float32
+    logits = _decode(model, layout, PROMPT)
+    assert (logits - reference_logits(path, PROMPT)).abs().max().item() < TOLERANCE
+
+
+def test_layout_ranges_are_the_tensors_bytes(folders: dict[str, Path]) -> None:
+    from safetensors import safe_open
+
+    _, layout = load_model(folders["mixtral"])
+    assert (layout.num_layers, layout.num_experts, layout.hidden_size) == (3, EXPERTS, 64)
+    slot = load_reference_slot(layout, 2, 6)
+    with safe_open(str(folders["mixtral"] / "model.safetensors"), framework="pt") as f:
+        prefix = "model.layers.2.block_sparse_moe.experts.6."
+        parts = [f.get_tensor(prefix + name + ".weight").flatten() for name in ("w1", "w3", "w2")]
+    assert torch.equal(slot, torch.cat(parts))
+
+
+def test_moe_needs_a_slot_for_every_routed_expert(folders: dict[str, Path]) -> None:
+    model, layout = load_model(folders["qwen3_moe"])
+    hidden = model.attention(0, model.embed(torch.tensor([5, 6])), [(model.new_cache(), 0, 2)])
+    ids, weights = model.route(0, hidden)
+    slots = slots_for(layout, 0, ids)
+    missing = int(ids[0, 0])
+    del slots[missing]
+    with pytest.raises(KeyError, match=f"expert {missing} is routed to but has no slot"):
+        model.moe(0, hidden, ids, weights, slots)
+
+
+def test_attention_refuses_a_segment_that_skips_positions(folders: dict[str, Path]) -> None:
+    model, _ = load_model(folders["olmoe"])
+    with pytest.raises(ValueError, match="starts at position 3 but its cache holds 0"):
+        model.attention(0, model.embed(torch.tensor([5])), [(model.new_cache(), 3, 1)])
+
+
+def test_tokenizer_loads_offline(folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = load_tokenizer(folders["qwen2_moe"])
+    assert tokenizer("w2 w40")["input_ids"] == [5, 43]
+    assert tokenizer.eos_token_id == 2
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_unsupported_model_type_names_the_supported_ones(tmp_path: Path, folders: dict[str, Path]) -> None:
+    path = _copy(folders["qwen3_moe"], tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(ModelLoadError, match=r"unsupported model_type 'llama'; supported: mixtral, olmoe"):
+        load_model(path)
+
+
+def test_missing_config_json(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        load_model(tmp_path)
+
+
+def test_missing_shard_is_named(tmp_path: Path) -> None:
+    path = build_tiny_model("olmoe", tmp_path / "m", sharded=True)
+    shard = sorted(path.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(ModelLoadError, match=re.escape(f"missing shard {shard.name}")):
+        load_model(path)
+
+
+def test_truncated_data_names_file_and_tensor(tmp_path: Path, folders: dict[str, Path]) -> None:
+    path = _copy(folders["qwen3_moe"], tmp_path / "m")
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    last = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
+    weights.write_bytes(data[:-10])
+    with pytest.raises(
+        ModelLoadError, match=re.escape(f"model.safetensors: truncated: tensor {last} ends at byte")
+    ):
+        load_model(path)
+
+
+def test_truncated_header_is_named(tmp_path: Path, folders: dict[str, Path]) -> None:
+    path = _copy(folders["qwen3_moe"], tmp_path / "m")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: truncated header"):
+        load_model(path)
+
+
+def test_shape_mismatch_names_tensor_and_shapes(tmp_path: Path, folders: dict[str, Path]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = _copy(folders["qwen2_moe"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.1.mlp.shared_expert.up_proj.weight"
+    tensors[name] = torch.zeros(39, 64)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    expected = f"tensor {name}: expected shape [40, 64], found [39, 64]"
+    with pytest.raises(ModelLoadError, match=re.escape(expected)):
+        load_model(path)
+
+
+def test_missing_tensor_is_named(tmp_path: Path, folders: dict[str, Path]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = _copy(folders["mixtral"], tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    name = "model.layers.2.block_sparse_moe.experts.7.w2.weight"
+    del tensors[name]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=re.escape(f"missing tensor {name}")):
+        load_model(path)
+
+
+def test_registry_covers_every_architecture() -> None:
+    assert set(ARCHITECTURES) == set(ARCHS)
+    for arch in ARCHS:
+        assert get_architecture(arch).model_type == arch
+
+
+def test_imports_stay_light() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None;"  # a torch-less interpreter
+        "from runahead.models.layout import ExpertLayout; import runahead.models;"
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    code = (
+        "import sys, runahead.models.loader as m; m.get_architecture('mixtral');"
+        "print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
