@@ -25,7 +25,17 @@ _EXPORTS = {
     "Clock": "runahead.clock",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Clock",
+    "ExpertKey",
+    "PolicyConfig",
+    "RequestHandle",
+    "RequestSpec",
+    "Runtime",
+    "RuntimeConfig",
+    "parse_policy",
+    "run_virtual",
+]
 
 if TYPE_CHECKING:
     from runahead.clock import Clock, run_virtual
