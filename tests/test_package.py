@@ -36,8 +36,24 @@ def test_cli_bench_writes_rows(tmp_path, capsys: pytest.CaptureFixture[str]) -> 
     from runahead.bench import REQUIRED_FIELDS
 
     code = main(
-        ["bench", "--model", "olmoe-1b-7b", "--profile", "pcie4-desktop", "--policy", "sync,runahead",
-         "--concurrency", "2", "--steps", "4", "--warmup-steps", "2", "--out", str(tmp_path), "--quiet"]
+        [
+            "bench",
+            "--model",
+            "olmoe-1b-7b",
+            "--profile",
+            "pcie4-desktop",
+            "--policy",
+            "sync,runahead",
+            "--concurrency",
+            "2",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
     )
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
