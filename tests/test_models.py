@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from modelhelpers import ARCHS, EXPERTS, build_tiny_model, reference_logits, run_jobs, slots_for
 
 from runahead.models import ARCHITECTURES, get_architecture
 from runahead.models.base import ModelLoadError, MoEModel
 from runahead.models.layout import ExpertLayout
 from runahead.models.loader import load_model, load_reference_slot, load_tokenizer
+
+from modelhelpers import ARCHS, EXPERTS, build_tiny_model, reference_logits, run_jobs, slots_for
 
 PROMPT = [5, 17, 33, 2, 100, 7, 9, 250, 3, 44]
 TOLERANCE = 1e-4

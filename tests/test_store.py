@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from storehelpers import layout_from_safetensors, o_direct_dir, write_experts
 
 from runahead.models.layout import ExpertLayout
 from runahead.store import DiskStore, ExpertStore, HostStore, SlotPool, StoreError, make_store
+
+from storehelpers import layout_from_safetensors, o_direct_dir, write_experts
 
 H, INTER, LAYERS, EXPERTS = 64, 32, 2, 4
 DTYPE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -71,6 +71,31 @@ class TorchBackend:
         self._slot_of: dict[ExpertKey, int] = {}
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
 
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        cache_slots: int,
+        device: str = "cpu",
+        store: str = "disk",
+        queue_depth: int = 2,
+        dtype: torch.dtype = torch.float32,
+        **options: Any,
+    ) -> TorchBackend:
+        """Load the Hugging Face folder ``path`` and build a backend with ``cache_slots`` expert slots.
+
+        ``store`` is ``disk`` (O_DIRECT reads of the model's safetensors files) or ``host`` (every
+        expert copied into host memory once, pinned on CUDA). ``options`` go to the constructor.
+        """
+        from runahead.models import load_model
+        from runahead.store import SlotPool, make_store
+
+        model, layout = load_model(path, device=device, dtype=dtype)
+        slots = SlotPool(cache_slots, layout.slot_numel, dtype=dtype, device=device)
+        expert_store = make_store(store, layout, queue_depth=queue_depth, dtype=dtype)
+        return cls(model, expert_store, slots, **options)
+
     # -- request lifecycle -------------------------------------------------------------------------
 
     def open_request(self, request: RequestSpec) -> None:
