@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -78,7 +78,7 @@ class TorchBackend:
         *,
         cache_slots: int,
         device: str = "cpu",
-        store: str = "disk",
+        store: Literal["disk", "host"] = "disk",
         queue_depth: int = 2,
         dtype: torch.dtype = torch.float32,
         **options: Any,
