@@ -230,4 +230,10 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def _where(row: dict[str, Any]) -> tuple[Any, ...]:
-    return (row["model"], row["profile"], row["concurrency"], row["cache_fraction"], row["step_barrier"])
+    return (
+        row["model"],
+        row.get("profile", row.get("device")),
+        row["concurrency"],
+        row["cache_fraction"],
+        row["step_barrier"],
+    )

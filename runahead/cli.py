@@ -88,15 +88,100 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--out", type=Path, help="write DIR/results.jsonl, one row per point")
     bench.add_argument("--quiet", action="store_true", help="print only the final table")
+    gen = commands.add_parser("generate", help="generate with a real model (torch backend)")
+    gen.add_argument(
+        "model", help="a Hugging Face folder (config.json + safetensors + tokenizer), or 'medium'"
+    )
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
+    source.add_argument("--prompt-ids", type=_list(int, "--prompt-ids"), help="prompt token ids: 1,2,3")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None, help="copy i samples with seed + i")
+    gen.add_argument("--policy", default="runahead")
+    gen.add_argument("--backend", default="torch", choices=["torch"])
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--store", default="disk", choices=["disk", "host"])
+    gen.add_argument("--cache-fraction", type=float, default=0.3)
+    gen.add_argument("--concurrency", type=int, default=1, help="copies of the prompt run at once")
+    gen.add_argument("--step-barrier", choices=["on", "off"], default="on")
+    gen.add_argument("--record-trace", type=Path, help="write the experts each request selected (.npz)")
+    gen.add_argument("--json", action="store_true", help="one JSON object per request")
     return parser
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    import json
+
+    from runahead.generate import generate
+    from runahead.policy import parse_policy
+    from runahead.sampling import SamplingParams
+    from runahead.torchbench import resolve_model
+
+    parse_policy(args.policy)
+    model = resolve_model(args.model)
+    tokenizer = None
+    try:
+        from runahead.models.loader import load_tokenizer
+
+        tokenizer = load_tokenizer(model)
+    except Exception as error:  # a folder without a tokenizer still runs with --prompt-ids
+        if args.prompt is not None:
+            raise ValueError(f"--prompt needs the model's tokenizer, which did not load: {error}") from None
+    prompt_ids = (
+        args.prompt_ids if tokenizer is None or args.prompt is None else tokenizer.encode(args.prompt)
+    )
+    eos = getattr(tokenizer, "eos_token_id", None)
+    sampling = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop_token_ids=frozenset() if eos is None else frozenset({eos}),
+    )
+    completions = generate(
+        model,
+        list(prompt_ids),
+        sampling,
+        policy=args.policy,
+        device=args.device,
+        store=args.store,
+        cache_fraction=args.cache_fraction,
+        concurrency=args.concurrency,
+        step_barrier=args.step_barrier == "on",
+        record_trace=args.record_trace,
+        tokenizer=tokenizer,
+    )
+    for completion in completions:
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "request": completion.request,
+                        "token_ids": completion.token_ids,
+                        "text": completion.text,
+                    }
+                )
+            )
+        else:
+            shown = (
+                completion.text if completion.text is not None else " ".join(map(str, completion.token_ids))
+            )
+            print(f"[{completion.request}] {shown}")
+    return 0
 
 
 def run_bench(args: argparse.Namespace) -> int:
     from runahead.bench import format_table, run_sweep, sweep
     from runahead.trace import RoutingTrace
 
+    if args.backend == "torch":
+        return run_torch_bench(args)
     points = sweep(
-        args.model,
+        args.model or "qwen3.6-35b-a3b",
         args.profile,
         args.policy,
         args.concurrency,
@@ -131,12 +216,63 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_torch_bench(args: argparse.Namespace) -> int:
+    import itertools
+    import json
+
+    from runahead.bench import format_table
+    from runahead.torchbench import TorchPoint, run_torch_point
+
+    points = [
+        TorchPoint(
+            args.model or "medium",
+            policy,
+            concurrency,
+            fraction,
+            args.steps,
+            args.store,
+            args.device,
+            barrier,
+            args.eviction,
+            args.warmup_steps,
+            args.seed,
+        )
+        for concurrency, fraction, barrier, policy in itertools.product(
+            args.concurrency, args.cache_fraction, args.step_barrier, args.policy
+        )
+    ]
+    rows = []
+    sink = None
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        sink = (args.out / "results.jsonl").open("w")
+    for index, point in enumerate(points, 1):
+        row = run_torch_point(point)
+        rows.append(row)
+        if sink is not None:
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+        if not args.quiet:
+            print(
+                f"[{index}/{len(points)}] {point.policy} x{point.concurrency} "
+                f"cache {point.cache_fraction:.2f}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    if sink is not None:
+        sink.close()
+    print(format_table(rows))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "generate":
+            return run_generate(args)
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead: error: {error}\n")
     return 2

@@ -125,15 +125,32 @@ class RunMetrics:
         return asdict(self)
 
 
-def summarize(recorder: Recorder, stats: CacheStats, steps: float) -> RunMetrics:
-    """Reduce a run's log to :class:`RunMetrics`; ``steps`` is how many decode steps it made."""
+def clip(intervals: list[Interval], start: float, end: float) -> list[Interval]:
+    """The parts of ``intervals`` inside ``[start, end]``."""
+    return [(max(s, start), min(e, end)) for s, e in intervals if e > start and s < end]
+
+
+def summarize(recorder: Recorder, stats: CacheStats, steps: float, *, skip_steps: int = 0) -> RunMetrics:
+    """Reduce a run's log to :class:`RunMetrics`; ``steps`` is how many decode steps it made.
+
+    ``skip_steps`` leaves the first steps out (a cold cache warming up): the window starts when
+    every request has produced its token ``skip_steps - 1``. Busy times, tokens and reads are
+    counted inside the window; hits and misses stay whole-run totals.
+    """
     if not recorder.tokens:
         raise ValueError("the run produced no tokens")
     start = min([c.start for c in recorder.computes] + [f.start for f in recorder.fetches])
+    if skip_steps:
+        if skip_steps >= steps:
+            raise ValueError(f"cannot skip {skip_steps} of {steps} steps")
+        start = max(t for _, step, t in recorder.tokens if step == skip_steps - 1)
+        steps -= skip_steps
     end = max(t for _, _, t in recorder.tokens)
     makespan = end - start
-    compute = union([(c.start, c.end) for c in recorder.computes])
-    link = union([(f.start, f.end) for f in recorder.fetches])
+    compute = clip(union([(c.start, c.end) for c in recorder.computes]), start, end)
+    link = clip(union([(f.start, f.end) for f in recorder.fetches]), start, end)
+    tokens = sum(1 for _, step, _ in recorder.tokens if step >= skip_steps)
+    fetches = sum(1 for f in recorder.fetches if f.start >= start) if skip_steps else stats.fetches
     compute_busy, link_busy = total(compute), total(link)
     both = intersection_total(compute, link)
     per_step = 1.0 / steps
@@ -142,10 +159,10 @@ def summarize(recorder: Recorder, stats: CacheStats, steps: float) -> RunMetrics
     sizes = Counter(c.size for c in recorder.computes)
     frac = (lambda x: x / makespan) if makespan > 0 else (lambda x: 0.0)
     return RunMetrics(
-        tokens=len(recorder.tokens),
+        tokens=tokens,
         steps=steps,
         makespan_s=makespan,
-        tokens_per_s=len(recorder.tokens) / makespan if makespan > 0 else float("inf"),
+        tokens_per_s=tokens / makespan if makespan > 0 else float("inf"),
         step_time_s=step_time,
         compute_s=compute_busy * per_step,
         fetch_s=link_busy * per_step,
@@ -158,8 +175,8 @@ def summarize(recorder: Recorder, stats: CacheStats, steps: float) -> RunMetrics
         idle_fraction=frac(makespan - compute_busy - link_busy + both),
         hits=stats.hits,
         misses=stats.misses,
-        fetches=stats.fetches,
-        fetches_per_step=stats.fetches * per_step,
+        fetches=fetches,
+        fetches_per_step=fetches * per_step,
         prefetches=stats.prefetches,
         wasted_prefetches=stats.wasted_prefetches,
         evictions=stats.evictions,

@@ -1,0 +1,108 @@
+"""Bench points on the torch backend: real compute, experts read from the model's files.
+
+Same rows as the sim bench. Each request starts from one random prompt token and decodes
+``steps`` tokens greedily; the first ``warmup_steps`` tokens (a cold cache filling up) are left out
+of the measurement window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from runahead.jobs import RequestSpec
+from runahead.metrics import summarize
+from runahead.runtime import Runtime, RuntimeConfig
+from runahead.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class TorchPoint:
+    """One configuration of a real-model run."""
+
+    model: str  # a Hugging Face folder, or "medium"
+    policy: str
+    concurrency: int
+    cache_fraction: float
+    steps: int
+    store: str = "disk"
+    device: str = "cpu"
+    step_barrier: bool = True
+    eviction: str = "lfu"
+    warmup_steps: int = 8
+    seed: int = 0
+    queue_depth: int = 2
+
+
+def resolve_model(name: str) -> str:
+    """A model folder: ``medium`` is built (once) under the cache directory."""
+    if name == "medium":
+        from runahead.medium import medium_model
+
+        return str(medium_model())
+    if not Path(name).is_dir():
+        raise FileNotFoundError(f"model folder {name!r} does not exist")
+    return name
+
+
+def run_torch_point(point: TorchPoint) -> dict[str, Any]:
+    """Measure one point with the torch backend; return its result row."""
+    from runahead.backends.torch import TorchBackend
+    from runahead.models.loader import read_config
+
+    path = resolve_model(point.model)
+    config = read_config(path)
+    layers = config["num_hidden_layers"]
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    slots = max(int(config["num_experts_per_tok"]), round(point.cache_fraction * layers * experts))
+    backend = TorchBackend.open(
+        path,
+        cache_slots=slots,
+        device=point.device,
+        store=point.store,  # type: ignore[arg-type]
+        queue_depth=point.queue_depth,
+    )
+    runtime = Runtime(
+        backend,
+        RuntimeConfig(
+            cache_slots=slots,
+            policy=point.policy,
+            eviction=point.eviction,
+            step_barrier=point.step_barrier,
+            link_queue_depth=point.queue_depth,
+        ),
+    )
+    rng = random.Random(point.seed)
+    total = point.warmup_steps + point.steps
+    requests = [
+        RequestSpec(
+            r,
+            total,
+            prompt=(rng.randrange(3, config["vocab_size"]),),
+            sampling=SamplingParams(max_tokens=total),
+        )
+        for r in range(point.concurrency)
+    ]
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        asyncio.run(runtime.run(requests))
+    finally:
+        backend.close()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    metrics = summarize(runtime.recorder, runtime.cache.stats, steps=total, skip_steps=point.warmup_steps)
+    jobs = sum(record.size for record in runtime.recorder.computes)
+    return {
+        **asdict(point),
+        "backend": "torch",
+        "cache_slots": slots,
+        "max_active": runtime.max_active,
+        **metrics.as_row(),
+        "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone
+        "jobs": jobs,
+        "wall_s": wall,
+        "direct_io": getattr(backend.store, "direct", None),
+    }
