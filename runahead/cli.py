@@ -57,10 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
         "Policies: runahead, sync, prefetch-gate, prefetch-history, runahead+prefetch, with knobs as "
         "NAME/compute=fifo/fetch=global-srtf/grouping=static:2:2:2.",
     )
+    bench.add_argument("--backend", default="sim", choices=["sim", "torch"])
     bench.add_argument(
-        "--backend", default="sim", choices=["sim"], help="only the simulated backend exists so far"
+        "--model",
+        default=None,
+        help="sim: a model spec name or TOML path (default qwen3.6-35b-a3b); "
+        "torch: a Hugging Face folder or 'medium' (built once, ~3 GB)",
     )
-    bench.add_argument("--model", default="qwen3.6-35b-a3b", help="model spec name or TOML path")
+    bench.add_argument(
+        "--store", default="disk", choices=["disk", "host"], help="torch: where experts come from"
+    )
+    bench.add_argument("--device", default="cpu", help="torch: cpu or cuda")
     bench.add_argument("--profile", default="thor", help="hardware profile name or TOML path")
     bench.add_argument(
         "--policy", type=_policies, default=["sync", "prefetch-gate", "prefetch-history", "runahead"]

@@ -93,3 +93,35 @@ def test_prompt_ids_outside_the_vocabulary_are_named(model: Path, capsys: pytest
     with pytest.raises(SystemExit):
         main(["generate", str(model), "--prompt-ids", "5,99999"])
     assert "outside [0, 256)" in capsys.readouterr().err
+
+
+def test_bench_on_the_torch_backend_writes_rows(model: Path, tmp_path: Path) -> None:
+    from runahead.bench import REQUIRED_FIELDS
+
+    argv = [
+        "bench",
+        "--backend",
+        "torch",
+        "--model",
+        str(model),
+        "--policy",
+        "sync,runahead",
+        "--concurrency",
+        "3",
+        "--cache-fraction",
+        "0.4",
+        "--steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [row["policy"] for row in rows] == ["sync", "runahead"]
+    for row in rows:
+        assert set(REQUIRED_FIELDS) <= set(row)
+        assert row["backend"] == "torch" and row["tokens"] == 3 * 6
+        assert row["fetch_s"] > 0 and row["compute_s"] > 0
