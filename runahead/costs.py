@@ -54,6 +54,9 @@ class CostModel:
         num_tokens: Sequence[int],
         context_lengths: Sequence[int],
         distinct_experts: int,
+        *,
+        moe_only: bool = False,
+        routed_fraction: float = 1.0,
     ) -> float:
         """Seconds for one group (one backend call) of jobs at ``layer``; called once per group computed.
 
@@ -63,7 +66,14 @@ class CostModel:
         Returns ``group_overhead_s + jobs * job_overhead_s + max(bytes / effective bandwidth,
         flops / peak_flops)``.
         """
-        memory_bytes, flops = self.group_bytes_and_flops(layer, num_tokens, context_lengths, distinct_experts)
+        memory_bytes, flops = self.group_bytes_and_flops(
+            layer,
+            num_tokens,
+            context_lengths,
+            distinct_experts,
+            moe_only=moe_only,
+            routed_fraction=routed_fraction,
+        )
         overhead = self.profile.group_overhead_s + len(num_tokens) * self.profile.job_overhead_s
         return overhead + max(memory_bytes / self._bandwidth, flops / self.profile.peak_flops)
 
@@ -73,18 +83,33 @@ class CostModel:
         num_tokens: Sequence[int],
         context_lengths: Sequence[int],
         distinct_experts: int,
+        *,
+        moe_only: bool = False,
+        routed_fraction: float = 1.0,
     ) -> tuple[float, float]:
-        """Bytes read from memory and flops of one group at ``layer`` (see the module NOTE for the terms)."""
+        """Bytes read from memory and flops of one group at ``layer`` (see the module NOTE for the terms).
+
+        ``moe_only``: a non-final wave of a job whose experts did not fit in the cache at once
+        (a prefill chunk): it reads only its own experts, for ``routed_fraction`` of the chunk's
+        token-expert pairs; the final wave pays for the rest of the job.
+        """
         model = self.model
         self._check(layer, num_tokens, context_lengths, distinct_experts)
         tokens = sum(num_tokens)
+        if moe_only:
+            flops = 2.0 * tokens * model.top_k * model.expert_params * routed_fraction
+            return float(distinct_experts * self._expert_bytes), flops
         if layer == ENTRY_LAYER:
             memory_bytes = tokens * self._embedding_row_bytes
             flops = 0.0
         else:
             routed = distinct_experts * self._expert_bytes
             memory_bytes = routed + self._ffn_shared_bytes
-            flops = 2.0 * tokens * (model.top_k * model.expert_params + model.ffn_shared_params_per_layer)
+            flops = (
+                2.0
+                * tokens
+                * (model.top_k * model.expert_params * routed_fraction + model.ffn_shared_params_per_layer)
+            )
         if layer == model.num_layers - 1:
             memory_bytes += self._lm_head_bytes
             flops += 2.0 * len(num_tokens) * model.lm_head_params  # only the sampled position needs logits

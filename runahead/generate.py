@@ -85,7 +85,10 @@ def generate(
 
 
 def save_trace(runtime: Runtime, num_experts: int, path: str | Path, *, model: str = "") -> None:
-    """Write the experts each request selected, per step and layer, as a routing trace file."""
+    """Write the experts each request selected at each decode step and layer as a routing trace file.
+
+    Prefill passes are left out: a prompt chunk selects the union of its tokens' experts.
+    """
     from runahead.trace import RoutingTrace
 
     layers = runtime.backend.num_layers
@@ -95,4 +98,6 @@ def save_trace(runtime: Runtime, num_experts: int, path: str | Path, *, model: s
         for step, layer, experts in runtime.recorder.selections[request]:
             steps.setdefault(step, [()] * layers)[layer] = experts
         selections.append([steps[s] for s in sorted(steps)])
+    if not selections or not any(selections):
+        raise ValueError("no decode step was recorded: the trace needs at least two generated tokens")
     RoutingTrace.from_selections(selections, num_experts, model=model).save(path)

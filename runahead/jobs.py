@@ -31,9 +31,13 @@ class Job:
 
     ``experts`` are the experts the gate of ``layer`` selected (empty for the entry job).
     ``predicted_next`` is what a speculative gate predicted for ``layer+1`` (prefetch hint; may be
-    empty). ``lane`` is the request's batch slot, used by static grouping. ``epoch`` orders tokens
-    across requests that joined at different times: the step counted from a common origin, so
-    "least progress" compares like with like (with the step barrier on it is the round number).
+    empty). A job needing more experts than one job may pin (a prefill chunk) runs in *waves*:
+    ``experts`` are this wave's, ``remaining`` the later waves'; only the last wave (no
+    ``remaining``) goes on to the next layer's attention and gate. ``num_tokens`` counts the
+    tokens the job carries (a prefill chunk's length, or 1); ``prefill`` marks prompt chunks.
+    ``lane`` is the request's batch slot, used by static grouping. ``epoch`` orders tokens across
+    requests that joined at different times: the step counted from a common origin, so "least
+    progress" compares like with like (with the step barrier on it is the round number).
     """
 
     request: int
@@ -44,6 +48,9 @@ class Job:
     num_tokens: int = 1
     predicted_next: tuple[int, ...] = ()
     epoch: int = 0
+    remaining: tuple[int, ...] = ()
+    wave: int = 0
+    prefill: bool = False
     keys: tuple[ExpertKey, ...] = field(init=False, repr=False, compare=False)
     """The cache keys this job needs resident before it can compute (built once: it is hot)."""
 
@@ -87,11 +94,12 @@ class Group:
 class RequestSpec:
     """A generation to run: ``max_tokens`` generated tokens, stopping early at a stop token.
 
-    ``prompt`` holds the token ids a real backend feeds first, one per step (the first
-    ``len(prompt) - 1`` steps only fill the KV cache; the last prompt token's step yields the first
-    generated token). ``prompt_tokens`` is context a simulated backend assumes is already in the KV
-    cache. ``trace_index`` selects the request's routing in a simulated backend's trace.
-    ``sampling`` (a :class:`runahead.sampling.SamplingParams`) is for backends that sample.
+    ``prompt`` holds the token ids a real backend processes first, in chunks (prefill); the last
+    chunk's pass yields the first generated token. A simulated backend has no token ids: it
+    processes ``prefill_tokens`` prompt tokens instead, and ``prompt_tokens`` is context it assumes
+    is already in the KV cache. ``trace_index`` selects the request's routing in a simulated
+    backend's trace. ``sampling`` (a :class:`runahead.sampling.SamplingParams`) is for backends
+    that sample.
     """
 
     request: int
@@ -101,14 +109,24 @@ class RequestSpec:
     stop_tokens: frozenset[int] = field(default_factory=frozenset)
     prompt: tuple[int, ...] = ()
     sampling: Any = None
+    prefill_tokens: int = 0
 
     @property
-    def feed_steps(self) -> int:
-        """Steps that only feed prompt tokens (they produce no generated token)."""
-        return max(0, len(self.prompt) - 1)
+    def prompt_length(self) -> int:
+        """Prompt tokens to process before decoding."""
+        return len(self.prompt) or self.prefill_tokens
+
+    def chunk_sizes(self, chunk: int) -> list[int]:
+        """Tokens of each prefill pass when prompts are processed ``chunk`` tokens at a time."""
+        length = self.prompt_length
+        return [min(chunk, length - start) for start in range(0, length, chunk)]
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"request {self.request}: max_tokens must be >= 1, got {self.max_tokens}")
         if self.prompt_tokens < 0:
             raise ValueError(f"request {self.request}: prompt_tokens must be >= 0, got {self.prompt_tokens}")
+        if self.prefill_tokens < 0:
+            raise ValueError(
+                f"request {self.request}: prefill_tokens must be >= 0, got {self.prefill_tokens}"
+            )

@@ -46,6 +46,7 @@ class RuntimeConfig:
     link_queue_depth: int = 2
     max_active: int | None = None
     record_selections: bool = False
+    prefill_chunk: int = 256
     policy_config: PolicyConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +55,8 @@ class RuntimeConfig:
             raise ValueError(f"cache_slots must be >= 1, got {self.cache_slots}")
         if self.link_queue_depth < 1:
             raise ValueError(f"link_queue_depth must be >= 1, got {self.link_queue_depth}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if self.max_active is not None and self.max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {self.max_active}")
 
@@ -140,6 +143,7 @@ class Runtime:
             clock=self.clock,
             recorder=self.recorder,
             sink=self,
+            prefill_chunk=self.config.prefill_chunk,
         )
         self._issuer_inbox = issuer
         self._inboxes = [issuer, fetcher, scheduler]

@@ -43,7 +43,7 @@ def test_generate_json_matches_transformers_and_records_the_trace(
         assert row["text"] == tokenizer.decode(expected)
     recorded = RoutingTrace.load(trace)
     assert (recorded.num_requests, recorded.num_layers, recorded.top_k) == (3, 3, 2)
-    assert recorded.num_steps == ids.shape[1] - 1 + len(expected)  # prompt feeding, then generation
+    assert recorded.num_steps == len(expected) - 1  # decode steps: the prompt's pass gave the first token
 
 
 def test_sampling_with_a_seed_is_reproducible(model: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -72,6 +72,8 @@ scenario = st.fixed_dictionaries(
         "costs": st.tuples(
             st.integers(0, 900), st.integers(0, 300), st.integers(1, 700), st.integers(0, 200)
         ),
+        "prefill": st.integers(0, 12),
+        "chunk": st.integers(1, 8),
     }
 )
 
@@ -84,7 +86,10 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
         case["requests"], case["steps"], case["layers"], case["experts"], top_k, case["seed"]
     )
     slots = top_k + case["spare"]
-    requests = [RequestSpec(r, max_tokens=case["steps"] - r % 2 or 1) for r in range(case["requests"])]
+    requests = [
+        RequestSpec(r, max_tokens=case["steps"] - r % 2 or 1, prefill_tokens=case["prefill"] * (r % 3))
+        for r in range(case["requests"])
+    ]
     group, per_expert, transfer, latency = (us / 1e6 for us in case["costs"])
 
     from runahead.backends.sim import SimBackend
@@ -92,7 +97,7 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
     from runahead.runtime import RuntimeConfig
 
     runtime = Runtime(
-        SimBackend(trace, FixedCosts(group, per_expert, transfer, latency)),
+        SimBackend(trace, FixedCosts(group, per_expert, transfer, latency), prefill_chunk=case["chunk"]),
         RuntimeConfig(
             cache_slots=slots,
             policy=policy,
@@ -100,6 +105,7 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
             eviction=case["eviction"],
             link_queue_depth=case["depth"],
             record_selections=True,
+            prefill_chunk=case["chunk"],
         ),
     )
     checked = CheckedEviction(runtime)
@@ -117,14 +123,17 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
     for intervals in reads.values():
         intervals.sort()
         assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(intervals))
-    # each request's selections are exactly the trace's, in order
+    # each request's decode selections are exactly the trace's, in order, after its prefill passes
     for request in requests:
+        passes = len(request.chunk_sizes(case["chunk"]))
+        first = passes  # a prompt's last pass yields the first token
+        decode_steps = request.max_tokens - 1 if passes else request.max_tokens
         expected = [
-            (s, layer, trace.selections(request.request)[s][layer])
-            for s in range(request.max_tokens)
+            (first + d, layer, trace.selections(request.request)[d][layer])
+            for d in range(decode_steps)
             for layer in range(case["layers"])
         ]
-        assert runtime.recorder.selections[request.request] == expected
+        assert runtime.recorder.selections.get(request.request, []) == expected
     # the deadlock rule held: never more requests at once than the cache can pin for
     assert max_concurrent(runtime) <= slots // top_k
 

@@ -66,9 +66,20 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return path, expected
 
 
-def run(path: Path, policy: str, requests: int, *, slots: int, barrier: bool = True, store: str = "disk"):  # type: ignore[no-untyped-def]
+def run(
+    path: Path,
+    policy: str,
+    requests: int,
+    *,
+    slots: int,
+    barrier: bool = True,
+    store: str = "disk",
+    chunk: int = 256,
+):  # type: ignore[no-untyped-def]
     backend = TorchBackend.open(str(path), cache_slots=slots, store=store, keep_logits=True)
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=slots, policy=policy, step_barrier=barrier))
+    runtime = Runtime(
+        backend, RuntimeConfig(cache_slots=slots, policy=policy, step_barrier=barrier, prefill_chunk=chunk)
+    )
     specs = [
         RequestSpec(i, TOKENS, prompt=tuple(PROMPTS[i]), sampling=SamplingParams(max_tokens=TOKENS))
         for i in range(requests)
@@ -115,3 +126,12 @@ def test_single_and_few_requests_from_host_memory(model, requests: int) -> None:
     path, expected = model
     tokens, _, _ = run(path, "runahead", requests=requests, slots=4, store="host")
     assert tokens == {i: expected[i] for i in range(requests)}
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_prompts_in_chunks_and_waves_give_the_same_tokens(model, chunk: int) -> None:  # type: ignore[no-untyped-def]
+    path, expected = model
+    # prompts of 1-6 tokens in chunks of `chunk`: a chunk's experts exceed top-2, so its MoE runs in waves
+    tokens, _, runtime = run(path, "runahead", requests=8, slots=6, barrier=False, chunk=chunk)
+    assert tokens == {i: expected[i] for i in range(8)}
+    assert max(record.size for record in runtime.recorder.computes) >= 2

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import deque
+from dataclasses import replace
 
 from runahead.backend import Backend
-from runahead.cache import ExpertCache, admissible
+from runahead.cache import EntryState, ExpertCache, admissible
 from runahead.jobs import ExpertKey, Job, RequestSpec
 from runahead.messages import (
     Blocked,
@@ -31,6 +32,8 @@ from runahead.messages import (
 )
 from runahead.metrics import Recorder
 from runahead.prefetch import Predictor
+
+_WAVE_ORDER = {EntryState.RESIDENT: 0, EntryState.PENDING: 1, EntryState.WANTED: 2, None: 3}
 
 
 class JobIssuer:
@@ -70,8 +73,8 @@ class JobIssuer:
 
     def handle(self, message: IssuerMessage) -> None:
         if isinstance(message, NextJobs):
-            ready = tuple(job for job in message.jobs if self._issue(job))
-            self.scheduler.put_nowait(Ready(ready, reply=True))
+            issued = (self._issue(job) for job in message.jobs)
+            self.scheduler.put_nowait(Ready(tuple(job for job in issued if job is not None), reply=True))
         elif isinstance(message, FetchDone):
             ready = self._arrived(message.key)
             if ready:
@@ -85,25 +88,46 @@ class JobIssuer:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def _issue(self, job: Job) -> bool:
-        """Pin the job's experts; return True if it is ready, else block it on the missing ones."""
-        self.recorder.selection(job.request, job.step, job.layer, job.experts)
+    def _issue(self, job: Job) -> Job | None:
+        """Pin the job's experts; return it (its first wave, if split) when ready, else block it."""
+        if job.wave == 0 and not job.prefill:
+            self.recorder.selection(job.request, job.step, job.layer, job.experts)
+        if len(job.experts) > self.backend.experts_per_job:
+            job = self._first_wave(job)
         missing = self.cache.pin_all(job.keys)
-        if self.predictor is not None:
+        if self.predictor is not None and job.wave == 0:
             hint = self.predictor.predict(job)
             layer = job.layer + 1
             self.fetcher.put_nowait(
                 Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint))
             )
         if not missing:
-            return True
+            return job
         self._blocked[job.request] = (job, len(missing))
         for key in missing:
             self._waiters.setdefault(key, []).append(job)
         self.fetcher.put_nowait(Blocked(job, missing))
-        return False
+        return None
+
+    def _first_wave(self, job: Job) -> Job:
+        """Split a job needing more experts than one job may pin into waves (deadlock rule).
+
+        Resident experts go first, then those already on their way, then the rest, so the first
+        waves compute while the link brings the later ones (expert-granular accumulation).
+        """
+        state = self.cache.state
+        order = sorted(job.experts, key=lambda e: (_WAVE_ORDER[state(ExpertKey(job.layer, e))], e))
+        budget = self.backend.experts_per_job
+        return replace(job, experts=tuple(order[:budget]), remaining=tuple(order[budget:]))
 
     def _arrived(self, key: ExpertKey) -> tuple[Job, ...]:
+        """Release the jobs waiting on ``key`` if it is resident.
+
+        A notice can be stale: the expert may have landed, been evicted and been wanted again
+        before this message was read. Its waiters then wait for the read now on its way.
+        """
+        if not self.cache.is_resident(key):
+            return ()
         ready = []
         for job in self._waiters.pop(key, ()):
             blocked = self._blocked.get(job.request)

@@ -43,6 +43,7 @@ class ComputeScheduler:
         clock: Clock,
         recorder: Recorder,
         sink: TokenSink,
+        prefill_chunk: int = 256,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -54,6 +55,8 @@ class ComputeScheduler:
         self.recorder = recorder
         self.sink = sink
         self.last_layer = backend.num_layers - 1
+        self.prefill_chunk = prefill_chunk
+        self.chunks: dict[int, list[int]] = {}  # request -> token count of each prefill pass
         self.requests: dict[int, RequestSpec] = {}
         self.lanes: dict[int, int] = {}
         self.positions: dict[int, tuple[int, int]] = {}  # requests with a job in flight
@@ -85,8 +88,16 @@ class ComputeScheduler:
             for request, lane in message.requests:
                 self.requests[request.request] = request
                 self.lanes[request.request] = lane
-                entries.append(Job(request.request, 0, ENTRY_LAYER, lane=lane, epoch=epoch))
+                self.chunks[request.request] = request.chunk_sizes(self.prefill_chunk)
+                entries.append(self._entry_job(request.request, 0, lane, epoch))
             self._release(self.barrier.arrive(entries))
+
+    def _entry_job(self, request: int, step: int, lane: int, epoch: int) -> Job:
+        """The first job of a pass: a prefill chunk while the prompt lasts, then one decode token."""
+        chunks = self.chunks[request]
+        prefill = step < len(chunks)
+        tokens = chunks[step] if prefill else 1
+        return Job(request, step, ENTRY_LAYER, lane=lane, num_tokens=tokens, epoch=epoch, prefill=prefill)
 
     async def _compute(self, group: Group) -> None:
         start = self.clock.now()
@@ -101,7 +112,10 @@ class ComputeScheduler:
             self.cache.unpin_all(job.keys)
         next_jobs = []
         for result in results:
-            if result.job.layer == self.last_layer:
+            if result.job.remaining:  # more waves of this job's experts to go
+                job = self._next_wave(result.job)
+                next_jobs.append(job)
+            elif result.job.layer == self.last_layer:
                 self._token_done(result, end)
             else:
                 job = self._next_job(result)
@@ -122,12 +136,26 @@ class ComputeScheduler:
             job.num_tokens,
             result.predicted_next,
             job.epoch,
+            prefill=job.prefill,
+        )
+
+    def _next_wave(self, job: Job) -> Job:
+        return Job(
+            job.request,
+            job.step,
+            job.layer,
+            job.remaining,
+            job.lane,
+            job.num_tokens,
+            epoch=job.epoch,
+            wave=job.wave + 1,
+            prefill=job.prefill,
         )
 
     def _token_done(self, result: JobResult, time: float) -> None:
         job = result.job
         request = self.requests[job.request]
-        generated = job.step - request.feed_steps  # negative while the prompt is being fed
+        generated = job.step - max(0, len(self.chunks[job.request]) - 1)  # negative during prefill
         finished = False
         if generated >= 0:
             if result.token is None:
@@ -137,12 +165,12 @@ class ComputeScheduler:
             finished = generated + 1 >= request.max_tokens or result.token in request.stop_tokens
         self.positions.pop(job.request, None)
         if finished:
-            del self.requests[job.request], self.lanes[job.request]
+            del self.requests[job.request], self.lanes[job.request], self.chunks[job.request]
             self.issuer.put_nowait(Finished(job.request))
             self.sink.finished(job.request)
             self._release(self.barrier.token_done(job.request, None))
         else:
-            entry = Job(job.request, job.step + 1, ENTRY_LAYER, lane=job.lane, epoch=job.epoch + 1)
+            entry = self._entry_job(job.request, job.step + 1, job.lane, job.epoch + 1)
             self._release(self.barrier.token_done(job.request, entry))
 
     def _release(self, jobs: list[Job]) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from runahead.clock import Clock
-from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, JobResult, RequestSpec
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 
 
 class SimCosts(Protocol):
@@ -28,9 +28,16 @@ class SimCosts(Protocol):
         ...
 
     def compute_time(
-        self, layer: int, num_tokens: Sequence[int], context_lengths: Sequence[int], distinct_experts: int
+        self,
+        layer: int,
+        num_tokens: Sequence[int],
+        context_lengths: Sequence[int],
+        distinct_experts: int,
+        *,
+        moe_only: bool = False,
+        routed_fraction: float = 1.0,
     ) -> float:
-        """Seconds one group at ``layer`` keeps the compute unit busy."""
+        """Seconds one group at ``layer`` keeps the compute unit busy (``moe_only``: a partial wave)."""
         ...
 
 
@@ -51,7 +58,14 @@ class FixedCosts:
         return self.transfer_s
 
     def compute_time(
-        self, layer: int, num_tokens: Sequence[int], context_lengths: Sequence[int], distinct_experts: int
+        self,
+        layer: int,
+        num_tokens: Sequence[int],
+        context_lengths: Sequence[int],
+        distinct_experts: int,
+        *,
+        moe_only: bool = False,
+        routed_fraction: float = 1.0,
     ) -> float:
         return self.group_s + self.per_expert_s * distinct_experts
 
@@ -92,6 +106,7 @@ class SimBackend:
         step_offset: int = 0,
         zero_cost: bool = False,
         clock: Clock | None = None,
+        prefill_chunk: int = 256,
     ) -> None:
         self.routing = routing
         self.costs = costs
@@ -100,9 +115,8 @@ class SimBackend:
         self.step_offset = step_offset
         self.zero_cost = zero_cost
         self.clock = clock or Clock()
-        self._requests: dict[
-            int, tuple[RequestSpec, list[list[tuple[int, ...]]], list[list[tuple[int, ...]]]]
-        ] = {}
+        self.prefill_chunk = prefill_chunk  # must match the runtime's, to know which pass ends the prompt
+        self._requests: dict[int, _SimRequest] = {}
         self._link_free = 0.0
 
     def open_request(self, request: RequestSpec) -> None:
@@ -114,10 +128,8 @@ class SimBackend:
                 f"request {request.request} needs {needed} trace steps (offset {self.step_offset} + "
                 f"{request.max_tokens} tokens) but the trace has {self.routing.num_steps}"
             )
-        self._requests[request.request] = (
-            request,
-            self.routing.selections(index),
-            self.routing.predictions(index),
+        self._requests[request.request] = _SimRequest(
+            request, self.routing.selections(index), self.routing.predictions(index)
         )
 
     def close_request(self, request: int) -> None:
@@ -132,25 +144,86 @@ class SimBackend:
         await self.clock.sleep_until(self._link_free)
 
     async def compute(self, group: Group) -> Sequence[JobResult]:
-        layer = group.layer
-        if self.zero_cost:
-            await self.clock.sleep(0.0)
-        else:
-            contexts = [self._requests[j.request][0].prompt_tokens + j.step for j in group.jobs]
-            tokens = [j.num_tokens for j in group.jobs]
-            await self.clock.sleep(self.costs.compute_time(layer, tokens, contexts, group.distinct_experts()))
+        states = [self._requests[job.request] for job in group.jobs]
+        await self.clock.sleep(0.0 if self.zero_cost else self._duration(group, states))
         results = []
         last = self.num_layers - 1
-        for job in group.jobs:
-            spec, selections, predictions = self._requests[job.request]
-            step = self.step_offset + job.step
-            if layer == last:
-                results.append(JobResult(job, token=sim_token(spec, job.step)))
-                continue
-            following = layer + 2
-            predicted = predictions[step][following] if following <= last else ()
-            results.append(JobResult(job, selections[step][layer + 1], predicted))
+        for job, state in zip(group.jobs, states, strict=True):
+            if job.remaining:  # a wave before the last: its experts' share of the MoE only
+                results.append(JobResult(job))
+            elif group.layer == last:
+                if not job.prefill or job.step == len(state.spec.chunk_sizes(self.prefill_chunk)) - 1:
+                    results.append(JobResult(job, token=sim_token(state.spec, state.generated)))
+                    state.generated += 1
+                else:
+                    results.append(JobResult(job))
+                state.position += job.num_tokens
+                if not job.prefill:
+                    state.decoded += 1
+            else:
+                following = group.layer + 2
+                results.append(
+                    JobResult(
+                        job,
+                        self._gate(state, job, state.selections, group.layer + 1),
+                        self._gate(state, job, state.predictions, following) if following <= last else (),
+                    )
+                )
         return results
+
+    def _gate(
+        self, state: _SimRequest, job: Job, table: list[list[tuple[int, ...]]], layer: int
+    ) -> tuple[int, ...]:
+        """Experts at ``layer`` for the job's tokens: a decode step's, or the union over a prefill chunk.
+
+        A prefill chunk's tokens take the routing of the trace's steps at their positions (modulo
+        the trace's length): the request's own routing, so a prompt touches the experts its topic uses.
+        """
+        if not job.prefill:
+            return table[self.step_offset + state.decoded][layer]
+        steps = len(table)
+        union: set[int] = set()
+        for position in range(state.position, state.position + job.num_tokens):
+            union.update(table[position % steps][layer])
+        return tuple(sorted(union))
+
+    def _duration(self, group: Group, states: list[_SimRequest]) -> float:
+        """The cost model's time for the group; waves before the last pay for their experts only."""
+        final = [(job, state) for job, state in zip(group.jobs, states, strict=True) if not job.remaining]
+        share = [_wave_share(job, self.experts_per_job) for job in group.jobs]
+        routed_fraction = sum(share) / len(share)
+        if not final:
+            tokens = [job.num_tokens for job in group.jobs]
+            contexts = [state.spec.prompt_tokens + state.position for state in states]
+            return self.costs.compute_time(
+                group.layer,
+                tokens,
+                contexts,
+                group.distinct_experts(),
+                moe_only=True,
+                routed_fraction=routed_fraction,
+            )
+        tokens = [job.num_tokens for job, _ in final]
+        contexts = [state.spec.prompt_tokens + state.position + job.num_tokens for job, state in final]
+        return self.costs.compute_time(
+            group.layer, tokens, contexts, group.distinct_experts(), routed_fraction=routed_fraction
+        )
+
+
+def _wave_share(job: Job, budget: int) -> float:
+    """The fraction of a job's expert work one wave does (earlier waves held ``budget`` each)."""
+    total = job.wave * budget + len(job.experts) + len(job.remaining)
+    return len(job.experts) / total if total else 1.0
+
+
+@dataclass(slots=True)
+class _SimRequest:
+    spec: RequestSpec
+    selections: list[list[tuple[int, ...]]]
+    predictions: list[list[tuple[int, ...]]]
+    position: int = 0  # tokens processed (prefill and decode)
+    decoded: int = 0  # decode steps done: the trace step after the offset
+    generated: int = 0  # tokens produced
 
 
 def sim_token(request: RequestSpec, step: int) -> int:

@@ -10,8 +10,8 @@ request over its own KV cache) and gate, whose top-k becomes the request's next 
 layer it produces logits and samples. The work runs on a dedicated compute thread so the event
 loop, and with it the link, never waits for the accelerator.
 
-Prompts are fed one token per step through the same jobs (teacher forcing), so a prompt never needs
-more experts at once than a decode step; chunked prefill comes with continuous batching.
+Prompts go through the same jobs in chunks (prefill): a chunk's tokens route to many experts, so
+the runtime runs such a job's MoE in waves that each fit the cache, and the backend sums them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, JobResult, RequestSpec
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.sampling import Sampler, SamplingParams
 
 
@@ -35,9 +35,10 @@ class _RequestState:
     sampler: Sampler
     position: int = 0  # tokens already in the KV cache
     last_token: int | None = None
-    hidden: torch.Tensor | None = None  # [1, H] residual stream between jobs
-    ids: torch.Tensor | None = None  # [1, k] experts the gate chose for the next MoE
-    weights: torch.Tensor | None = None  # [1, k] their routing weights
+    hidden: torch.Tensor | None = None  # [tokens, H] residual stream between jobs
+    ids: torch.Tensor | None = None  # [tokens, k] experts the gate chose for the next MoE
+    weights: torch.Tensor | None = None  # [tokens, k] their routing weights
+    accumulated: torch.Tensor | None = None  # the MoE sum of the waves computed so far
     logits: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -140,55 +141,102 @@ class TorchBackend:
 
     @torch.inference_mode()
     def _compute(self, group: Group) -> list[JobResult]:
-        model, layer = self.model, group.layer
-        states = [self._requests[job.request] for job in group.jobs]
+        """One backend call: every job of the group as one batch of rows (a job has one row per token)."""
+        model, layer, jobs = self.model, group.layer, group.jobs
+        states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
             tokens = [
-                self._input_token(state, job.step) for state, job in zip(states, group.jobs, strict=True)
+                t for state, job in zip(states, jobs, strict=True) for t in self._input_tokens(state, job)
             ]
             hidden = model.embed(torch.tensor(tokens, dtype=torch.long, device=self.slots.device))
+            final = list(range(len(jobs)))
         else:
-            carried = [_carried(state, job.request) for state, job in zip(states, group.jobs, strict=True)]
-            hidden = torch.cat([c[0] for c in carried])
-            ids = torch.cat([c[1] for c in carried])
-            weights = torch.cat([c[2] for c in carried])
-            experts = {
-                e: self._slot_tensor(ExpertKey(layer, e)) for e in {int(i) for i in ids.flatten().tolist()}
-            }
-            hidden = model.moe(layer, hidden, ids, weights, experts)
+            hidden, final = self._moe(layer, jobs, states)
+        results: list[JobResult | None] = [JobResult(job) if job.remaining else None for job in jobs]
+        if final:
+            rows = _row_spans(jobs)
+            kept = [(jobs[i], states[i]) for i in final]
+            hidden = torch.cat([hidden[rows[i][0] : rows[i][1]] for i in final])
+            done = self._finish(layer, hidden, kept)
+            for i, result in zip(final, done, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
+
+    def _moe(
+        self, layer: int, jobs: Sequence[Job], states: list[_RequestState]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """This wave's routed experts for every job; finish the MoE of jobs whose last wave this is.
+
+        Returns the group's hidden rows (finished rows hold the MoE output) and the indices of the
+        jobs that finished their MoE. A job only adds the experts of its own wave, even when
+        another job of the group computes one of its other experts.
+        """
+        carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
+        hidden = torch.cat([c[0] for c in carried])
+        weights = torch.cat([c[2] for c in carried])
+        ids = torch.cat([_wave_ids(c[1], job) for c, job in zip(carried, jobs, strict=True)])
+        wanted = {e for job in jobs for e in job.experts}
+        experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
+        accumulated = torch.cat(
+            [
+                state.accumulated if state.accumulated is not None else torch.zeros_like(c[0])
+                for state, c in zip(states, carried, strict=True)
+            ]
+        )
+        accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, accumulated)
+        rows = _row_spans(jobs)
+        final = []
+        for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
+            start, stop = rows[i]
+            if job.remaining:
+                state.accumulated = accumulated[start:stop]
+            else:
+                state.accumulated = None
+                hidden[start:stop] = self.model.moe_finish(layer, hidden[start:stop], accumulated[start:stop])
+                final.append(i)
+        return hidden, final
+
+    def _finish(
+        self, layer: int, hidden: torch.Tensor, kept: list[tuple[Job, _RequestState]]
+    ) -> list[JobResult]:
+        """After the MoE: sample at the last layer, else the next layer's attention and gate."""
+        model = self.model
         if layer == self.num_layers - 1:
-            return self._sample(group, states, model.logits(hidden))
+            ends = [stop - 1 for _, stop in _row_spans([job for job, _ in kept])]
+            return self._sample(kept, model.logits(hidden[ends]))
         following = layer + 1
-        hidden = model.attention(following, hidden, [(state.cache, state.position, 1) for state in states])
+        segments = [(state.cache, state.position, job.num_tokens) for job, state in kept]
+        hidden = model.attention(following, hidden, segments)
         ids, weights = model.route(following, hidden)
         predicted = None
         if self.speculate and following + 1 < self.num_layers:
             predicted, _ = model.route(following + 1, hidden)
         results = []
-        for row, (state, job) in enumerate(zip(states, group.jobs, strict=True)):
-            state.hidden, state.ids, state.weights = (
-                hidden[row : row + 1],
-                ids[row : row + 1],
-                weights[row : row + 1],
+        for (job, state), (start, stop) in zip(kept, _row_spans([job for job, _ in kept]), strict=True):
+            state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
+            guess = (
+                tuple(sorted(set(predicted[start:stop].flatten().tolist()))) if predicted is not None else ()
             )
-            guess = tuple(sorted(set(predicted[row].tolist()))) if predicted is not None else ()
-            results.append(JobResult(job, tuple(sorted(set(ids[row].tolist()))), guess))
+            results.append(JobResult(job, tuple(sorted(set(ids[start:stop].flatten().tolist()))), guess))
         return results
 
-    def _input_token(self, state: _RequestState, step: int) -> int:
-        prompt = state.spec.prompt
-        if step < len(prompt):
-            return prompt[step]
+    def _input_tokens(self, state: _RequestState, job: Job) -> list[int]:
+        """The tokens a pass embeds: the next prompt chunk, or the last sampled token."""
+        if job.prefill:
+            chunk = list(state.spec.prompt[state.position : state.position + job.num_tokens])
+            if len(chunk) != job.num_tokens:
+                raise RuntimeError(f"request {job.request}: prefill chunk past the end of the prompt")
+            return chunk
         assert state.last_token is not None
-        return state.last_token
+        return [state.last_token]
 
-    def _sample(self, group: Group, states: list[_RequestState], logits: torch.Tensor) -> list[JobResult]:
+    def _sample(self, kept: list[tuple[Job, _RequestState]], logits: torch.Tensor) -> list[JobResult]:
         results = []
-        for row, (state, job) in enumerate(zip(states, group.jobs, strict=True)):
-            state.position += 1
+        for row, (job, state) in enumerate(kept):
+            state.position += job.num_tokens
             state.hidden = state.ids = state.weights = None
-            if job.step < state.spec.feed_steps:
-                results.append(JobResult(job))  # a prompt token: nothing to sample
+            if job.prefill and state.position < len(state.spec.prompt):
+                results.append(JobResult(job))  # a prompt chunk before the last: nothing to sample
                 continue
             row_logits = logits[row].float()
             if self.keep_logits:
@@ -212,3 +260,20 @@ def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Te
     if state.hidden is None or state.ids is None or state.weights is None:
         raise RuntimeError(f"request {request} has no hidden state for its MoE job: jobs ran out of order")
     return state.hidden, state.ids, state.weights
+
+
+def _row_spans(jobs: Sequence[Job]) -> list[tuple[int, int]]:
+    """Each job's rows ``[start, stop)`` in the group's batch (one row per token)."""
+    spans, start = [], 0
+    for job in jobs:
+        spans.append((start, start + job.num_tokens))
+        start += job.num_tokens
+    return spans
+
+
+def _wave_ids(ids: torch.Tensor, job: Job) -> torch.Tensor:
+    """The job's routing with every expert outside its current wave masked out (-1)."""
+    if not job.remaining and job.wave == 0:
+        return ids  # a single wave: every routed expert is in it
+    wave = torch.tensor(job.experts, dtype=ids.dtype, device=ids.device)
+    return torch.where(torch.isin(ids, wave), ids, torch.full_like(ids, -1))

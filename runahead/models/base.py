@@ -414,21 +414,44 @@ class MoEModel:
         cache slot (flat ``gate [I, H] | up [I, H] | down [H, I]``). Each distinct expert runs once
         over the rows routed to it, in ascending expert order. Adds the shared expert, if any.
         """
+        missing = sorted(set(torch.unique(ids).tolist()) - set(experts))
+        if missing:
+            raise KeyError(f"layer {layer}: expert {missing[0]} is routed to but has no slot")
+        return self.moe_finish(layer, hidden, self.moe_partial(layer, hidden, ids, weights, experts))
+
+    def moe_partial(
+        self,
+        layer: int,
+        hidden: Tensor,
+        ids: Tensor,
+        weights: Tensor,
+        experts: Mapping[int, Tensor],
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Add the routed-expert contributions of just the ``experts`` given to ``out`` (zeros if None).
+
+        The expert-compute seam. A job whose experts do not all fit in the cache at once (a prefill
+        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`.
+        """
         c = self.config
         x = rms_norm(hidden, self.weights[f"{layer}.post_norm"], c.rms_norm_eps)
-        out = torch.zeros_like(x)
+        if out is None:
+            out = torch.zeros_like(x)
         block = c.intermediate_size * c.hidden_size
-        for expert in torch.unique(ids).tolist():
-            slot = experts.get(expert)
-            if slot is None:
-                raise KeyError(f"layer {layer}: expert {expert} is routed to but has no slot")
-            slot = slot.to(x.dtype)
+        routed = set(torch.unique(ids).tolist())
+        for expert in sorted(set(experts) & routed):
+            slot = experts[expert].to(x.dtype)
             gate = slot[:block].view(c.intermediate_size, c.hidden_size)
             up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
             down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
             rows, kpos = torch.where(ids == expert)
             y = _swiglu(x[rows], gate, up, down) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
+        return out
+
+    def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
+        """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
+        x = rms_norm(hidden, self.weights[f"{layer}.post_norm"], self.config.rms_norm_eps)
         shared = self.shared_expert(layer, x)
         if shared is not None:
             out = out + shared
