@@ -37,6 +37,13 @@ class Finished:
     request: int
 
 
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop a request now, releasing its pins and KV cache (runtime -> issuer -> scheduler)."""
+
+    request: int
+
+
 # -- to the ComputeScheduler ---------------------------------------------------------------------
 
 
@@ -77,11 +84,11 @@ class Prefetch:
 
 @dataclass(frozen=True, slots=True)
 class Forget:
-    """Drop a request's hints (it ended)."""
+    """Drop a request's blocked job and hints (it ended or was cancelled)."""
 
     request: int
 
 
-IssuerMessage = Submit | NextJobs | FetchDone | Finished | None
-SchedulerMessage = Started | Ready | None
+IssuerMessage = Submit | NextJobs | FetchDone | Finished | Cancel | None
+SchedulerMessage = Started | Ready | Cancel | None
 FetcherMessage = Blocked | Prefetch | Forget | None

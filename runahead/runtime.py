@@ -13,7 +13,7 @@ raised from the ``async with`` block (and from every pending ``result()``), neve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -23,7 +23,7 @@ from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ExpertKey, RequestSpec
-from runahead.messages import FetcherMessage, IssuerMessage, SchedulerMessage, Submit
+from runahead.messages import Cancel, FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
 from runahead.policy import PolicyConfig, parse_policy
 from runahead.prefetch import make_predictor
@@ -62,19 +62,50 @@ class RuntimeConfig:
 
 
 class RequestHandle:
-    """A submitted request: its tokens as they come, and the whole list when it is done."""
+    """A submitted request: its tokens as they come, the whole list when it is done, and cancel()."""
 
-    def __init__(self, request: int) -> None:
+    def __init__(self, request: int, runtime: Runtime) -> None:
         self.request = request
         self.tokens: list[int] = []
+        self.cancelled = False
+        self._runtime = runtime
+        self._stream: asyncio.Queue[int | None] = asyncio.Queue()
         self._done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
 
     async def result(self) -> list[int]:
-        """Wait for the last token; return every generated token id."""
+        """Wait for the last token (or the cancellation); return every generated token id."""
         return await asyncio.shield(self._done)
+
+    async def stream(self) -> AsyncIterator[int]:
+        """Each token as it is generated; ends when the request finishes or is cancelled."""
+        while (token := await self._stream.get()) is not None:
+            yield token
+        if self._done.done() and self._done.exception() is not None:
+            raise self._done.exception()  # type: ignore[misc]
+
+    def cancel(self) -> None:
+        """Stop the request now: its cache pins and KV cache are released. Idempotent."""
+        if not self._done.done():
+            self._runtime.cancel(self.request)
 
     def done(self) -> bool:
         return self._done.done()
+
+    def _token(self, token: int) -> None:
+        self.tokens.append(token)
+        self._stream.put_nowait(token)
+
+    def _finish(self, cancelled: bool) -> None:
+        if not self._done.done():
+            self.cancelled = cancelled
+            self._done.set_result(self.tokens)
+            self._stream.put_nowait(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.done():
+            self._done.set_exception(error)
+            self._done.exception()  # mark retrieved: the runtime raises it too
+            self._stream.put_nowait(None)
 
 
 class Runtime:
@@ -122,6 +153,7 @@ class Runtime:
             fetcher=fetcher,
             recorder=self.recorder,
             max_active=self.config.max_active,
+            sink=self,
         )
         expert_fetcher = ExpertFetcher(
             backend=self.backend,
@@ -165,9 +197,7 @@ class Runtime:
         except BaseExceptionGroup as group:
             failure = _sole_error(group)
             for handle in self.handles.values():
-                if not handle.done():
-                    handle._done.set_exception(RuntimeError(f"request {handle.request} failed: {failure!r}"))
-                    handle._done.exception()  # mark retrieved
+                handle._fail(RuntimeError(f"request {handle.request} failed: {failure!r}"))
             if failure is group:
                 raise
             raise failure from group
@@ -184,7 +214,7 @@ class Runtime:
             if spec.request in seen:
                 raise ValueError(f"request id {spec.request} was already submitted")
             seen.add(spec.request)
-        handles = [RequestHandle(spec.request) for spec in requests]
+        handles = [RequestHandle(spec.request, self) for spec in requests]
         self.handles.update((h.request, h) for h in handles)
         self._issuer_inbox.put_nowait(Submit(tuple(requests)))
         return handles
@@ -195,14 +225,20 @@ class Runtime:
             handles = self.submit(*requests)
             return {h.request: await h.result() for h in handles}
 
-    # -- TokenSink (called by the ComputeScheduler) ----------------------------------------------
+    def cancel(self, request: int) -> None:
+        """Cancel a submitted request (see :meth:`RequestHandle.cancel`)."""
+        handle = self.handles.get(request)
+        if self._issuer_inbox is not None and handle is not None and not handle.done():
+            self._issuer_inbox.put_nowait(Cancel(request))
+
+    # -- TokenSink (called by the actors) ------------------------------------------------------
 
     def token(self, request: int, step: int, token: int, time: float) -> None:
-        self.handles[request].tokens.append(token)
+        self.handles[request]._token(token)
 
-    def finished(self, request: int) -> None:
-        handle = self.handles[request]
-        handle._done.set_result(handle.tokens)
+    def finished(self, request: int, cancelled: bool = False) -> None:
+        """A request ended: resolve its handle and forget it (the caller holds the handle)."""
+        self.handles.pop(request)._finish(cancelled)
 
 
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -12,12 +12,14 @@ import asyncio
 import heapq
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
 from runahead.backend import Backend
 from runahead.cache import EntryState, ExpertCache, admissible
 from runahead.jobs import ExpertKey, Job, RequestSpec
 from runahead.messages import (
     Blocked,
+    Cancel,
     FetchDone,
     FetcherMessage,
     Finished,
@@ -50,6 +52,7 @@ class JobIssuer:
         fetcher: asyncio.Queue[FetcherMessage],
         recorder: Recorder,
         max_active: int | None = None,
+        sink: Any = None,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -59,6 +62,8 @@ class JobIssuer:
         self.fetcher = fetcher
         self.recorder = recorder
         self.max_active = max_active
+        self.sink = sink  # told when a request is cancelled before it was admitted
+        self._cancelled: set[int] = set()
         self.queued: deque[RequestSpec] = deque()
         self.active: dict[int, int] = {}  # request -> lane
         self._free_lanes: list[int] = []
@@ -73,7 +78,7 @@ class JobIssuer:
 
     def handle(self, message: IssuerMessage) -> None:
         if isinstance(message, NextJobs):
-            issued = (self._issue(job) for job in message.jobs)
+            issued = (self._issue(job) for job in message.jobs if job.request not in self._cancelled)
             self.scheduler.put_nowait(Ready(tuple(job for job in issued if job is not None), reply=True))
         elif isinstance(message, FetchDone):
             ready = self._arrived(message.key)
@@ -83,8 +88,11 @@ class JobIssuer:
             self.queued.extend(message.requests)
             self._admit()
         elif isinstance(message, Finished):
+            self._cancelled.discard(message.request)
             self._release(message.request)
             self._admit()
+        elif isinstance(message, Cancel):
+            self._cancel(message.request)
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -169,3 +177,25 @@ class JobIssuer:
         if self.predictor is not None:
             self.predictor.forget(request)
         self.fetcher.put_nowait(Forget(request))
+
+    def _cancel(self, request: int) -> None:
+        """Drop a queued request at once; for an active one, unpin a blocked job and tell the scheduler.
+
+        The scheduler owns the rest of the request (a ready job's pins, the step barrier, its KV
+        cache) and answers with :class:`Finished`. Jobs of the request still in flight towards
+        this actor are dropped when they arrive.
+        """
+        for spec in self.queued:
+            if spec.request == request:
+                self.queued.remove(spec)
+                if self.sink is not None:
+                    self.sink.finished(request, cancelled=True)
+                return
+        if request not in self.active or request in self._cancelled:
+            return
+        self._cancelled.add(request)
+        blocked = self._blocked.pop(request, None)
+        if blocked is not None:
+            self.cache.unpin_all(blocked[0].keys)
+        self.fetcher.put_nowait(Forget(request))
+        self.scheduler.put_nowait(Cancel(request))

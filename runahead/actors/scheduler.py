@@ -15,7 +15,7 @@ from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
-from runahead.messages import Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
+from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
 from runahead.scheduling import ComputeQueue, StepBarrier
 
@@ -25,7 +25,7 @@ class TokenSink(Protocol):
 
     def token(self, request: int, step: int, token: int, time: float) -> None: ...
 
-    def finished(self, request: int) -> None: ...
+    def finished(self, request: int, cancelled: bool = False) -> None: ...
 
 
 class ComputeScheduler:
@@ -82,6 +82,8 @@ class ComputeScheduler:
                 self.queue.add(job)
             if message.reply:
                 self._awaiting_reply = False
+        elif isinstance(message, Cancel):
+            self._cancel(message.request)
         elif isinstance(message, Started):
             epoch = min((p[0] for p in self.positions.values()), default=self.barrier.round + 1)
             entries = []
@@ -172,6 +174,20 @@ class ComputeScheduler:
         else:
             entry = self._entry_job(job.request, job.step + 1, job.lane, job.epoch + 1)
             self._release(self.barrier.token_done(job.request, entry))
+
+    def _cancel(self, request: int) -> None:
+        """Forget a cancelled request: unpin its ready job, leave the barrier, free its lane."""
+        if request not in self.requests:
+            return  # it finished meanwhile
+        job = self.queue.discard(request)
+        if job is not None:
+            self.cache.unpin_all(job.keys)
+        released = self.barrier.forget(request)
+        self.positions.pop(request, None)
+        del self.requests[request], self.lanes[request], self.chunks[request]
+        self.issuer.put_nowait(Finished(request))
+        self.sink.finished(request, cancelled=True)
+        self._release(released)
 
     def _release(self, jobs: list[Job]) -> None:
         for job in jobs:

@@ -1,0 +1,216 @@
+"""The engine API for async apps: open a model, stream generations, many at once.
+
+::
+
+    async with await Engine.open("path/to/model", device="cpu", cache_fraction=0.3) as engine:
+        async for chunk in engine.generate("Hello", SamplingParams(max_tokens=32)):
+            print(chunk.text, end="")
+        done = await engine.complete([1, 2, 3], SamplingParams(max_tokens=8))
+
+Every ``generate`` call is one request of the running runtime: calls made from many tasks
+interleave (continuous batching: requests join and leave at any time, prompts are processed in
+chunks between other requests' tokens). Cancelling the consuming task cancels the request, which
+releases its cache pins and KV cache at once. The engine imports no HTTP.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from runahead.jobs import RequestSpec
+from runahead.runtime import Runtime, RuntimeConfig
+from runahead.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One generated token and the text it adds (may be empty while a character is incomplete)."""
+
+    token_id: int
+    text: str
+    index: int
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished generation."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+
+
+class Engine:
+    """A model served by the runahead runtime. Build it with :meth:`open`."""
+
+    def __init__(self, runtime: Runtime, tokenizer: Any, *, context_length: int, vocab_size: int) -> None:
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self._ids = itertools.count()
+        self._running = False
+
+    @classmethod
+    async def open(
+        cls,
+        model: str,
+        *,
+        backend: str = "torch",
+        device: str = "cpu",
+        cache_fraction: float = 0.3,
+        policy: str = "runahead",
+        store: str = "disk",
+        step_barrier: bool = False,
+        prefill_chunk: int = 256,
+    ) -> Engine:
+        """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``."""
+        if backend != "torch":
+            raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
+        if not 0 < cache_fraction <= 1:
+            raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
+        from runahead.backends.torch import TorchBackend
+        from runahead.models.loader import load_tokenizer, read_config
+
+        config = read_config(model)
+        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+        top_k = int(config["num_experts_per_tok"])
+        slots = max(top_k, round(cache_fraction * config["num_hidden_layers"] * experts))
+        torch_backend = TorchBackend.open(model, cache_slots=slots, device=device, store=store)  # type: ignore[arg-type]
+        runtime = Runtime(
+            torch_backend,
+            RuntimeConfig(
+                cache_slots=slots, policy=policy, step_barrier=step_barrier, prefill_chunk=prefill_chunk
+            ),
+        )
+        try:
+            tokenizer = load_tokenizer(model)
+        except Exception:  # a folder without a tokenizer still serves token ids
+            tokenizer = None
+        engine = cls(
+            runtime,
+            tokenizer,
+            context_length=int(config.get("max_position_embeddings", 4096)),
+            vocab_size=int(config["vocab_size"]),
+        )
+        await engine.start()
+        return engine
+
+    async def start(self) -> None:
+        """Start the runtime's actors."""
+        await self.runtime.__aenter__()
+        self._running = True
+
+    async def close(self) -> None:
+        """Cancel what is still running, stop the actors and free the backend."""
+        if not self._running:
+            return
+        self._running = False
+        for handle in list(self.runtime.handles.values()):
+            handle.cancel()
+        try:
+            await self.runtime.__aexit__(None, None, None)
+        finally:
+            close = getattr(self.runtime.backend, "close", None)
+            if close is not None:
+                close()
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt given as text (needs the model's tokenizer) or as ids (checked)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model folder has no tokenizer: give the prompt as token ids")
+            ids = list(self.tokenizer.encode(prompt))
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+                )
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
+
+    def _check(self, ids: list[int], params: SamplingParams) -> None:
+        if len(ids) + params.max_tokens > self.context_length:
+            raise ValueError(
+                f"the prompt of {len(ids)} tokens plus max_tokens {params.max_tokens} exceeds the model's "
+                f"context of {self.context_length} tokens"
+            )
+
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Stream one generation. Stopping the iteration (or cancelling its task) cancels it."""
+        if not self._running:
+            raise RuntimeError("the engine is closed")
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        self._check(ids, params)
+        spec = RequestSpec(
+            next(self._ids),
+            params.max_tokens,
+            prompt=tuple(ids),
+            sampling=params,
+            stop_tokens=params.stop_token_ids,
+        )
+        (handle,) = self.runtime.submit(spec)
+        tokens: list[int] = []
+        shown = ""
+        try:
+            async for token in handle.stream():
+                tokens.append(token)
+                text = self.decode(tokens)
+                new = text[len(shown) :] if not text.endswith("\ufffd") else ""
+                shown += new
+                last = len(tokens) == params.max_tokens or token in params.stop_token_ids
+                reason = ("stop" if token in params.stop_token_ids else "length") if last else None
+                yield Chunk(token, new, len(tokens) - 1, reason)
+        finally:
+            handle.cancel()  # no-op once it finished
+
+    async def complete(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Completion:
+        """Run one generation to its end and return it whole."""
+        params = params or SamplingParams()
+        ids = self.encode(prompt)
+        chunks = [chunk async for chunk in self.generate(ids, params)]
+        token_ids = [chunk.token_id for chunk in chunks]
+        reason = chunks[-1].finish_reason if chunks and chunks[-1].finish_reason else "length"
+        return Completion(token_ids, self.decode(token_ids), reason, len(ids))
+
+    def stats(self) -> dict[str, float]:
+        """Counters for monitoring: requests, cache hits/misses/fetches, busy times, queue lengths."""
+        runtime, cache = self.runtime, self.runtime.cache.stats
+        recorder = runtime.recorder
+        return {
+            "requests_active": sum(1 for h in runtime.handles.values() if not h.done()),
+            "tokens_generated": len(recorder.tokens),
+            "cache_hits": cache.hits,
+            "cache_misses": cache.misses,
+            "cache_fetches": cache.fetches,
+            "cache_evictions": cache.evictions,
+            "compute_busy_seconds": sum(c.end - c.start for c in recorder.computes),
+            "link_busy_seconds": sum(f.end - f.start for f in recorder.fetches),
+        }
