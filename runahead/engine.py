@@ -69,6 +69,7 @@ class Engine:
         store: str = "disk",
         step_barrier: bool = False,
         prefill_chunk: int = 256,
+        record_selections: bool = False,
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``."""
         if backend != "torch":
@@ -86,7 +87,11 @@ class Engine:
         runtime = Runtime(
             torch_backend,
             RuntimeConfig(
-                cache_slots=slots, policy=policy, step_barrier=step_barrier, prefill_chunk=prefill_chunk
+                cache_slots=slots,
+                policy=policy,
+                step_barrier=step_barrier,
+                prefill_chunk=prefill_chunk,
+                record_selections=record_selections,
             ),
         )
         try:

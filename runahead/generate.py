@@ -7,12 +7,11 @@ builds on the same pieces.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from runahead.jobs import RequestSpec
-from runahead.runtime import Runtime, RuntimeConfig
+from runahead.runtime import Runtime
 from runahead.sampling import SamplingParams
 
 
@@ -27,7 +26,7 @@ class Completion:
 
 def generate(
     model: str,
-    prompt_ids: list[int],
+    prompt: str | list[int],
     sampling: SamplingParams,
     *,
     policy: str = "runahead",
@@ -37,54 +36,49 @@ def generate(
     concurrency: int = 1,
     step_barrier: bool = True,
     record_trace: str | Path | None = None,
-    tokenizer: Any = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> list[Completion]:
-    """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``."""
-    from runahead.backends.torch import TorchBackend
-    from runahead.models.loader import read_config
+    """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
-    if not prompt_ids:
-        raise ValueError("the prompt is empty")
+    With ``on_text``, the first copy's text is passed along as it is generated.
+    """
+    from runahead.engine import Engine
+
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    if not 0 < cache_fraction <= 1:
-        raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
-    config = read_config(model)
-    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-    top_k = int(config["num_experts_per_tok"])
-    slots = max(top_k, round(cache_fraction * config["num_hidden_layers"] * experts))
-    backend = TorchBackend.open(model, cache_slots=slots, device=device, store=store)  # type: ignore[arg-type]
-    runtime = Runtime(
-        backend,
-        RuntimeConfig(
-            cache_slots=slots, policy=policy, step_barrier=step_barrier, record_selections=bool(record_trace)
-        ),
-    )
-    specs = []
-    for i in range(concurrency):
-        params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i)
-        specs.append(
-            RequestSpec(
-                i,
-                sampling.max_tokens,
-                prompt=tuple(prompt_ids),
-                sampling=params,
-                stop_tokens=sampling.stop_token_ids,
-            )
+
+    async def run() -> list[Completion]:
+        engine = await Engine.open(
+            model,
+            device=device,
+            store=store,
+            cache_fraction=cache_fraction,
+            policy=policy,
+            step_barrier=step_barrier,
+            record_selections=bool(record_trace),
         )
-    try:
-        tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
-    if record_trace:
-        save_trace(runtime, experts, record_trace, model=Path(model).name)
-    return [
-        Completion(i, tokens[i], tokenizer.decode(tokens[i]) if tokenizer is not None else None)
-        for i in range(concurrency)
-    ]
+        async with engine:
+            ids = engine.encode(prompt)
+
+            async def one(i: int) -> Completion:
+                params = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i)
+                tokens = []
+                async for chunk in engine.generate(ids, params):
+                    tokens.append(chunk.token_id)
+                    if on_text is not None and i == 0:
+                        on_text(chunk.text)
+                text = engine.decode(tokens) if engine.tokenizer is not None else None
+                return Completion(i, tokens, text)
+
+            completions = list(await asyncio.gather(*(one(i) for i in range(concurrency))))
+            if record_trace:
+                save_trace(engine.runtime, record_trace, model=Path(model).name)
+            return completions
+
+    return asyncio.run(run())
 
 
-def save_trace(runtime: Runtime, num_experts: int, path: str | Path, *, model: str = "") -> None:
+def save_trace(runtime: Runtime, path: str | Path, *, model: str = "") -> None:
     """Write the experts each request selected at each decode step and layer as a routing trace file.
 
     Prefill passes are left out: a prompt chunk selects the union of its tokens' experts.
@@ -100,4 +94,5 @@ def save_trace(runtime: Runtime, num_experts: int, path: str | Path, *, model: s
         selections.append([steps[s] for s in sorted(steps)])
     if not selections or not any(selections):
         raise ValueError("no decode step was recorded: the trace needs at least two generated tokens")
+    num_experts = runtime.backend.model.config.num_experts  # type: ignore[attr-defined]
     RoutingTrace.from_selections(selections, num_experts, model=model).save(path)

@@ -30,6 +30,20 @@ MEDIUM_CONFIG: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+SMALL_CONFIG: dict[str, Any] = {
+    **MEDIUM_CONFIG,
+    "hidden_size": 256,
+    "num_hidden_layers": 8,
+    "num_experts": 32,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 4096,
+}
+"""The ``small`` model of ``runahead demo``: 8 layers x 32 experts, top-4 (~70 MB in float32)."""
 ROUTER_SCALE = 8.0
 
 
@@ -40,20 +54,31 @@ def cache_dir() -> Path:
 
 def medium_model(progress: bool = True) -> Path:
     """The folder of the medium model, building it first if it is not there (about a minute)."""
-    path = cache_dir() / "medium-qwen3-moe"
+    return build_cached("medium-qwen3-moe", MEDIUM_CONFIG, "bfloat16", progress)
+
+
+def small_model(progress: bool = True) -> Path:
+    """The folder of the small demo model, building it first if it is not there (seconds)."""
+    return build_cached("small-qwen3-moe", SMALL_CONFIG, "float32", progress)
+
+
+def build_cached(name: str, config: dict[str, Any], dtype: str, progress: bool = True) -> Path:
+    """A random Qwen3-MoE with ``config`` saved under the cache directory, built once."""
+    path = cache_dir() / name
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
         return path
     import torch
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
     if progress:
-        print(f"building the medium model into {path} (once; about a minute)", flush=True)
+        print(f"building the {name} model into {path} (once)", flush=True)
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(**MEDIUM_CONFIG)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        Qwen3MoeConfig(**config), dtype=getattr(torch, dtype)
+    )
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("mlp.gate.weight"):
                 param.mul_(ROUTER_SCALE)
     partial = path.with_name(path.name + ".partial")
     model.save_pretrained(partial)

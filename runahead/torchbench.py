@@ -8,6 +8,8 @@ of the measurement window.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -89,7 +91,7 @@ def run_torch_point(point: TorchPoint) -> dict[str, Any]:
     ]
     wall, cpu = time.perf_counter(), time.process_time()
     try:
-        asyncio.run(runtime.run(requests))
+        tokens = asyncio.run(runtime.run(requests))
     finally:
         backend.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -105,4 +107,5 @@ def run_torch_point(point: TorchPoint) -> dict[str, Any]:
         "jobs": jobs,
         "wall_s": wall,
         "direct_io": getattr(backend.store, "direct", None),
+        "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
     }

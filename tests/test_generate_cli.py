@@ -92,7 +92,7 @@ def test_bad_generate_arguments_are_named(
 def test_prompt_ids_outside_the_vocabulary_are_named(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["generate", str(model), "--prompt-ids", "5,99999"])
-    assert "outside [0, 256)" in capsys.readouterr().err
+    assert "outside the vocabulary [0, 256)" in capsys.readouterr().err
 
 
 def test_bench_on_the_torch_backend_writes_rows(model: Path, tmp_path: Path) -> None:
