@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Runtime": "runahead.runtime",
     "RuntimeConfig": "runahead.runtime",
+    "SamplingParams": "runahead.sampling",
+    "Engine": "runahead.engine",
     "RequestHandle": "runahead.runtime",
     "RequestSpec": "runahead.jobs",
     "ExpertKey": "runahead.jobs",
@@ -27,21 +29,25 @@ _EXPORTS = {
 
 __all__ = [
     "Clock",
+    "Engine",
     "ExpertKey",
     "PolicyConfig",
     "RequestHandle",
     "RequestSpec",
     "Runtime",
     "RuntimeConfig",
+    "SamplingParams",
     "parse_policy",
     "run_virtual",
 ]
 
 if TYPE_CHECKING:
     from runahead.clock import Clock, run_virtual
+    from runahead.engine import Engine
     from runahead.jobs import ExpertKey, RequestSpec
     from runahead.policy import PolicyConfig, parse_policy
     from runahead.runtime import RequestHandle, Runtime, RuntimeConfig
+    from runahead.sampling import SamplingParams
 
 
 def __getattr__(name: str) -> Any:
