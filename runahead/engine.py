@@ -74,20 +74,20 @@ class Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``."""
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
-        if not 0 < cache_fraction <= 1:
-            raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
         from runahead.backends.torch import TorchBackend
-        from runahead.models.loader import load_tokenizer, read_config
+        from runahead.models.loader import load_tokenizer
 
-        config = read_config(model)
-        experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
-        top_k = int(config["num_experts_per_tok"])
-        slots = max(top_k, round(cache_fraction * config["num_hidden_layers"] * experts))
-        torch_backend = TorchBackend.open(model, cache_slots=slots, device=device, store=store)  # type: ignore[arg-type]
+        torch_backend = TorchBackend.open(
+            model,
+            cache_fraction=cache_fraction,
+            device=device,
+            store=store,  # type: ignore[arg-type]
+        )
+        config = torch_backend.model.config
         runtime = Runtime(
             torch_backend,
             RuntimeConfig(
-                cache_slots=slots,
+                cache_slots=torch_backend.num_slots,
                 policy=policy,
                 step_barrier=step_barrier,
                 prefill_chunk=prefill_chunk,
@@ -101,8 +101,8 @@ class Engine:
         engine = cls(
             runtime,
             tokenizer,
-            context_length=int(config.get("max_position_embeddings", 4096)),
-            vocab_size=int(config["vocab_size"]),
+            context_length=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
         )
         await engine.start()
         return engine

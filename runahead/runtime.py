@@ -134,8 +134,21 @@ class Runtime:
         return limit if self.config.max_active is None else min(limit, self.config.max_active)
 
     def warm_cache(self, keys: Iterable[ExpertKey]) -> None:
-        """Fill the cache as a prompt's prefill would have, before the first request runs."""
+        """Fill the cache's bookkeeping as a prompt's prefill would have, before the first request runs.
+
+        Only for backends whose slots hold no data (the sim); real backends use :meth:`preload`.
+        """
         self.cache.warm(keys)
+
+    async def preload(self, keys: Iterable[ExpertKey]) -> None:
+        """Read ``keys`` into the cache before the runtime starts (not counted as fetches)."""
+        if self._task_group is not None:
+            raise RuntimeError("preload() runs before the runtime starts")
+        keys = list(keys)
+        self.cache.warm(keys)
+        for key in keys:
+            if self.cache.is_resident(key):
+                await self.backend.fetch(key, self.cache.slot_of(key))
 
     async def __aenter__(self) -> Runtime:
         if self._task_group is not None:

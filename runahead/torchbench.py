@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runahead.jobs import RequestSpec
+from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import summarize
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
@@ -38,6 +38,7 @@ class TorchPoint:
     warmup_steps: int = 8
     seed: int = 0
     queue_depth: int = 2
+    preload: bool = False  # read every expert that fits into the cache before the run
 
 
 def resolve_model(name: str) -> str:
@@ -54,24 +55,20 @@ def resolve_model(name: str) -> str:
 def run_torch_point(point: TorchPoint) -> dict[str, Any]:
     """Measure one point with the torch backend; return its result row."""
     from runahead.backends.torch import TorchBackend
-    from runahead.models.loader import read_config
 
     path = resolve_model(point.model)
-    config = read_config(path)
-    layers = config["num_hidden_layers"]
-    experts = config.get("num_experts") or config.get("num_local_experts")
-    slots = max(int(config["num_experts_per_tok"]), round(point.cache_fraction * layers * experts))
     backend = TorchBackend.open(
         path,
-        cache_slots=slots,
+        cache_fraction=point.cache_fraction,
         device=point.device,
         store=point.store,  # type: ignore[arg-type]
         queue_depth=point.queue_depth,
     )
+    config = backend.model.config
     runtime = Runtime(
         backend,
         RuntimeConfig(
-            cache_slots=slots,
+            cache_slots=backend.num_slots,
             policy=point.policy,
             eviction=point.eviction,
             step_barrier=point.step_barrier,
@@ -84,14 +81,23 @@ def run_torch_point(point: TorchPoint) -> dict[str, Any]:
         RequestSpec(
             r,
             total,
-            prompt=(rng.randrange(3, config["vocab_size"]),),
+            prompt=(rng.randrange(3, config.vocab_size),),
             sampling=SamplingParams(max_tokens=total),
         )
         for r in range(point.concurrency)
     ]
     wall, cpu = time.perf_counter(), time.process_time()
+
+    async def main() -> dict[int, list[int]]:
+        if point.preload:
+            everything = range(config.num_experts)
+            await runtime.preload(
+                ExpertKey(layer, e) for layer in range(config.num_layers) for e in everything
+            )
+        return await runtime.run(requests)
+
     try:
-        tokens = asyncio.run(runtime.run(requests))
+        tokens = asyncio.run(main())
     finally:
         backend.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -100,7 +106,7 @@ def run_torch_point(point: TorchPoint) -> dict[str, Any]:
     return {
         **asdict(point),
         "backend": "torch",
-        "cache_slots": slots,
+        "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),
         "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone

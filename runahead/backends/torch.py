@@ -77,25 +77,41 @@ class TorchBackend:
         cls,
         path: str,
         *,
-        cache_slots: int,
+        cache_slots: int | None = None,
+        cache_fraction: float | None = None,
         device: str = "cpu",
         store: Literal["disk", "host"] = "disk",
         queue_depth: int = 2,
         dtype: torch.dtype = torch.float32,
         **options: Any,
     ) -> TorchBackend:
-        """Load the Hugging Face folder ``path`` and build a backend with ``cache_slots`` expert slots.
+        """Load the Hugging Face folder ``path`` and build a backend with expert cache slots.
 
-        ``store`` is ``disk`` (O_DIRECT reads of the model's safetensors files) or ``host`` (every
-        expert copied into host memory once, pinned on CUDA). ``options`` go to the constructor.
+        The cache has ``cache_slots`` slots, or ``cache_fraction`` of all routed experts (at least
+        one job's top-k); the runtime's cache must use :attr:`num_slots`. ``store`` is ``disk``
+        (O_DIRECT reads of the model's safetensors files) or ``host`` (every expert copied into host
+        memory once, pinned on CUDA). ``options`` go to the constructor.
         """
         from runahead.models import load_model
         from runahead.store import SlotPool, make_store
 
+        if (cache_slots is None) == (cache_fraction is None):
+            raise ValueError("give exactly one of cache_slots and cache_fraction")
+        if cache_fraction is not None and not 0 < cache_fraction <= 1:
+            raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
         model, layout = load_model(path, device=device, dtype=dtype)
+        if cache_slots is None:
+            assert cache_fraction is not None
+            config = model.config
+            cache_slots = max(config.top_k, round(cache_fraction * config.num_layers * config.num_experts))
         slots = SlotPool(cache_slots, layout.slot_numel, dtype=dtype, device=device)
         expert_store = make_store(store, layout, queue_depth=queue_depth, dtype=dtype)
         return cls(model, expert_store, slots, **options)
+
+    @property
+    def num_slots(self) -> int:
+        """Cache slots the backend holds: the runtime's ``cache_slots``."""
+        return int(self.slots.num_slots)
 
     # -- request lifecycle -------------------------------------------------------------------------
 
