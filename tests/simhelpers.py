@@ -12,6 +12,19 @@ from runahead.jobs import RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.trace import RoutingTrace
 
+POLICIES = [
+    "runahead",
+    "sync",
+    "prefetch-gate",
+    "prefetch-history",
+    "runahead+prefetch",
+    "runahead/compute=fifo",
+    "runahead/fetch=global-srtf",
+    "runahead/fetch=fifo",
+    "runahead/grouping=static:2:1",
+]
+"""Every policy and ablation: the exactness tests run each of them."""
+
 COSTS = FixedCosts(group_s=0.001, per_expert_s=0.0002, transfer_s=0.0005, latency_s=0.0001)
 
 

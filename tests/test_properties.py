@@ -15,19 +15,7 @@ from runahead.backends.sim import FixedCosts, sim_token
 from runahead.jobs import RequestSpec
 from runahead.runtime import Runtime
 
-from simhelpers import random_trace, simulate
-
-POLICIES = [
-    "runahead",
-    "sync",
-    "prefetch-gate",
-    "prefetch-history",
-    "runahead+prefetch",
-    "runahead/compute=fifo",
-    "runahead/fetch=global-srtf",
-    "runahead/fetch=fifo",
-    "runahead/grouping=static:2:1",
-]
+from simhelpers import POLICIES, random_trace, simulate
 
 
 class CheckedEviction:

@@ -20,6 +20,7 @@ from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
 from modelhelpers import build_tiny_model, reference_logits
+from simhelpers import POLICIES
 
 TOKENS = 32
 PROMPTS = [
@@ -31,16 +32,6 @@ PROMPTS = [
     [77, 78],
     [150, 9, 1],
     [6],
-]
-POLICIES = [
-    "runahead",
-    "sync",
-    "prefetch-gate",
-    "prefetch-history",
-    "runahead+prefetch",
-    "runahead/compute=fifo",
-    "runahead/fetch=global-srtf",
-    "runahead/grouping=static:2:1",
 ]
 
 
