@@ -107,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cache-fraction", type=float, default=0.3)
     demo.add_argument("--store", default="disk", choices=["disk", "host"])
 
+    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve.add_argument("model", help="a Hugging Face folder, or 'medium'")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model-name", help="the name clients ask for (default: the folder's name)")
+    serve.add_argument("--backend", default="torch", choices=["torch"])
+    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--policy", default="runahead")
+    serve.add_argument("--cache-fraction", type=float, default=0.3)
+    serve.add_argument("--store", default="disk", choices=["disk", "host"])
+    serve.add_argument("--log-json", action="store_true", help="JSON log lines instead of the console format")
+    serve.add_argument("--log-level", default="info")
+
     gen = commands.add_parser("generate", help="generate with a real model (torch backend)")
     gen.add_argument(
         "model", help="a Hugging Face folder (config.json + safetensors + tokenizer), or 'medium'"
@@ -187,6 +200,36 @@ def _eos_token(model: str) -> int | None:
 
     eos = read_config(model).get("eos_token_id")
     return eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+
+    from runahead.policy import parse_policy
+    from runahead.server import serve
+    from runahead.torchbench import resolve_model
+
+    parse_policy(args.policy)
+    if not 0 < args.cache_fraction <= 1:
+        raise ValueError(f"cache fraction must lie in (0, 1], got {args.cache_fraction}")
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
+        asyncio.run(
+            serve(
+                resolve_model(args.model),
+                host=args.host,
+                port=args.port,
+                model_name=args.model_name,
+                log_json=args.log_json,
+                log_level=args.log_level,
+                backend=args.backend,
+                device=args.device,
+                policy=args.policy,
+                cache_fraction=args.cache_fraction,
+                store=args.store,
+            )
+        )
+    return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -314,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_generate(args)
         if args.command == "demo":
             return run_demo(args)
+        if args.command == "serve":
+            return run_serve(args)
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead: error: {error}\n")
     return 2

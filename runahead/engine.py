@@ -92,6 +92,7 @@ class Engine:
                 step_barrier=step_barrier,
                 prefill_chunk=prefill_chunk,
                 record_selections=record_selections,
+                keep_records=False,  # a server runs for days: keep totals, not a log of every read
             ),
         )
         try:
@@ -211,11 +212,14 @@ class Engine:
         recorder = runtime.recorder
         return {
             "requests_active": sum(1 for h in runtime.handles.values() if not h.done()),
-            "tokens_generated": len(recorder.tokens),
+            "tokens_generated": recorder.token_count,
+            "groups_computed": recorder.groups,
+            "jobs_computed": recorder.jobs,
             "cache_hits": cache.hits,
             "cache_misses": cache.misses,
             "cache_fetches": cache.fetches,
             "cache_evictions": cache.evictions,
-            "compute_busy_seconds": sum(c.end - c.start for c in recorder.computes),
-            "link_busy_seconds": sum(f.end - f.start for f in recorder.fetches),
+            "cache_slots_pinned": runtime.cache.pinned_count(),
+            "compute_busy_seconds": recorder.compute_seconds,
+            "expert_read_seconds": recorder.read_seconds,
         }

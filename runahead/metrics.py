@@ -37,22 +37,41 @@ class FetchRecord:
 
 @dataclass(slots=True)
 class Recorder:
-    """Append-only log of one run, filled by the actors."""
+    """Log of one run, filled by the actors, plus running totals.
+
+    With ``keep_records`` off (a long-running server) only the totals grow, not the log.
+    """
 
     computes: list[ComputeRecord] = field(default_factory=list)
     fetches: list[FetchRecord] = field(default_factory=list)
     tokens: list[tuple[int, int, float]] = field(default_factory=list)  # (request, step, time)
     selections: dict[int, list[tuple[int, int, tuple[int, ...]]]] = field(default_factory=dict)
     record_selections: bool = False
+    keep_records: bool = True
+    compute_seconds: float = 0.0
+    read_seconds: float = 0.0  # summed over reads: overlapping reads count each
+    groups: int = 0
+    jobs: int = 0
+    reads: int = 0
+    token_count: int = 0
 
     def compute(self, start: float, end: float, layer: int, requests: tuple[int, ...]) -> None:
-        self.computes.append(ComputeRecord(start, end, layer, len(requests), requests))
+        self.compute_seconds += end - start
+        self.groups += 1
+        self.jobs += len(requests)
+        if self.keep_records:
+            self.computes.append(ComputeRecord(start, end, layer, len(requests), requests))
 
     def fetch(self, start: float, end: float, key: ExpertKey, prefetch: bool) -> None:
-        self.fetches.append(FetchRecord(start, end, key, prefetch))
+        self.read_seconds += end - start
+        self.reads += 1
+        if self.keep_records:
+            self.fetches.append(FetchRecord(start, end, key, prefetch))
 
     def token(self, request: int, step: int, time: float) -> None:
-        self.tokens.append((request, step, time))
+        self.token_count += 1
+        if self.keep_records:
+            self.tokens.append((request, step, time))
 
     def selection(self, request: int, step: int, layer: int, experts: tuple[int, ...]) -> None:
         """The experts a request's gate chose (kept only with ``record_selections``)."""

@@ -46,6 +46,7 @@ class RuntimeConfig:
     link_queue_depth: int = 2
     max_active: int | None = None
     record_selections: bool = False
+    keep_records: bool = True  # off for long-running servers: only running totals are kept
     prefill_chunk: int = 256
     policy_config: PolicyConfig = field(init=False)
 
@@ -121,7 +122,7 @@ class Runtime:
         self.config = config
         self.clock = clock or Clock()
         self.cache = ExpertCache(config.cache_slots, config.eviction)
-        self.recorder = Recorder(record_selections=config.record_selections)
+        self.recorder = Recorder(record_selections=config.record_selections, keep_records=config.keep_records)
         self.handles: dict[int, RequestHandle] = {}
         self._task_group: asyncio.TaskGroup | None = None
         self._issuer_inbox: asyncio.Queue[IssuerMessage] | None = None

@@ -1,0 +1,72 @@
+"""An OpenAI-compatible HTTP server over the :class:`~runahead.engine.Engine` (Starlette + uvicorn).
+
+::
+
+    asyncio.run(serve("path/to/model", port=8000, device="cuda", cache_fraction=0.3))
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(both with ``stream``), ``GET /metrics`` (Prometheus text). The server imports the engine; the
+engine never imports the server.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runahead.server.app import create_app
+from runahead.server.logs import configure_logging
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
+
+__all__ = ["build_server", "configure_logging", "create_app", "serve"]
+
+GRACEFUL_SHUTDOWN_S = 10
+"""How long a shutdown waits for open answers before cancelling them."""
+
+
+def build_server(
+    app: ASGIApp, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+) -> uvicorn.Server:
+    """A uvicorn server for ``app``; logs go through :func:`configure_logging`'s handlers."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=None,
+        access_log=False,  # the app logs one line per request itself
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    return uvicorn.Server(config)
+
+
+async def serve(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str | None = None,
+    log_json: bool = False,
+    log_level: str = "info",
+    **engine_options: Any,
+) -> None:
+    """Open the model, serve it until uvicorn is told to stop (SIGINT/SIGTERM), then close it.
+
+    ``model_name`` (default: the folder's name) is what clients pass as ``model``;
+    ``engine_options`` go to :meth:`Engine.open` (``device``, ``cache_fraction``, ``policy``, ...).
+    """
+    from runahead.engine import Engine
+
+    configure_logging(json=log_json, level=log_level)
+    engine = await Engine.open(model_path, **engine_options)
+    try:
+        name = model_name or Path(model_path).resolve().name
+        app = create_app(engine, name, close_engine=True)
+        await build_server(app, host=host, port=port, log_level=log_level).serve()
+    finally:
+        await engine.close()  # no-op when the app's shutdown closed it

@@ -1,0 +1,161 @@
+"""The Starlette app: OpenAI routes over one open :class:`Engine`, health, metrics, errors.
+
+A streamed answer is an async generator closed whatever ends it (its last event, an error, the
+client disconnecting); a whole answer races the client's disconnect and is cancelled if it loses.
+Either way the engine's ``generate`` iterator is closed, which cancels the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from runahead.server import protocol
+from runahead.server.errors import APIError
+from runahead.server.generation import ChatShape, CompletionShape, ResponseShape, Tally, collect, sse_events
+from runahead.server.logs import CLIENT_CLOSED, AccessLog
+from runahead.server.metrics import CONTENT_TYPE, ServerMetrics
+
+if TYPE_CHECKING:
+    from runahead.engine import Engine
+
+T = TypeVar("T")
+Parser = Callable[[Mapping[str, Any], "Engine", frozenset[int]], protocol.GenerationRequest]
+
+log = structlog.get_logger("runahead.server")
+
+
+class EventStream(StreamingResponse):
+    """A server-sent event stream that closes its generator however the response ends."""
+
+    def __init__(self, events: AsyncIterator[str]) -> None:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(events, media_type="text/event-stream", headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Starlette cancels the sending task on a disconnect, which may leave the generator
+        # suspended at a yield: close it here so the engine's request is cancelled now, not at GC.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await cast(AsyncGenerator[str, None], self.body_iterator).aclose()
+
+
+class OpenAIRoutes:
+    """The request handlers, bound to one engine and the one model name it serves."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        eos = getattr(engine.tokenizer, "eos_token_id", None)
+        self.eos = frozenset([eos] if isinstance(eos, int) else [])
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "runahead"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, protocol.completion_request, CompletionShape(self.model_name))
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, protocol.chat_request, ChatShape(self.model_name))
+
+    async def _generate(self, request: Request, parse: Parser, shape: ResponseShape) -> Response:
+        data = protocol.parse_body(await request.body())
+        protocol.check_model(data, self.model_name)
+        job = parse(data, self.engine, self.eos)
+        tally = Tally(prompt_tokens=len(job.prompt_ids))
+        request.state.tally = tally
+        if job.stream:
+            return EventStream(sse_events(self.engine, job, shape, tally))
+        try:
+            done = await until_disconnected(request, collect(self.engine, job, tally))
+        except ValueError as error:  # the engine's own checks, should ours miss one
+            raise APIError(str(error)) from None
+        except RuntimeError as error:  # a closed or failed engine
+            raise APIError(str(error), status=503, kind="server_error") from None
+        if done is None:
+            return Response(status_code=CLIENT_CLOSED)
+        text, finish_reason = done
+        return JSONResponse(shape.response(text, finish_reason, tally))
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Await ``work``, but cancel it and return None if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        task.cancel()  # no-op once done
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return once the client has gone (the body is read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _api_error(request: Request, error: Exception) -> Response:
+    return cast(APIError, error).response()
+
+
+async def _http_error(request: Request, error: Exception) -> Response:
+    http = cast(HTTPException, error)
+    message = f"{http.detail}: {request.method} {request.url.path}"
+    return APIError(message, status=http.status_code, code=str(http.status_code)).response()
+
+
+async def _server_error(request: Request, error: Exception) -> Response:
+    log.error("unhandled error", path=request.url.path, error=repr(error))
+    return APIError(f"internal error: {error!r}", status=500, kind="server_error").response()
+
+
+def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -> Starlette:
+    """The ASGI app serving ``engine`` as ``model_name``; ``close_engine`` closes it on shutdown."""
+    api = OpenAIRoutes(engine, model_name)
+    metrics = ServerMetrics(engine)
+
+    async def metrics_text(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/metrics", metrics_text, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if close_engine:
+                await engine.close()
+                log.info("engine closed")
+
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(AccessLog, metrics=metrics, endpoints=[r.path for r in routes])],
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan,
+    )
