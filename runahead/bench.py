@@ -7,28 +7,50 @@ experts. Points are side by side in one run, so ratios between policies are exac
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from runahead.backends.sim import SimBackend
 from runahead.clock import run_virtual
 from runahead.costs import CostModel
 from runahead.jobs import ExpertKey, RequestSpec
-from runahead.metrics import summarize
+from runahead.metrics import (
+    Recorder,
+    RunMetrics,
+    clip,
+    intersection_total,
+    summarize,
+    total,
+    union,
+)
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.specs import ModelSpec, load_model_spec, load_profile
 from runahead.trace import RoutingTrace, default_trace
+from runahead.workloads import AGENTIC, CHAT, RequestSample, sample_requests
 
-WORKLOADS = {"chat": 161}
-"""Decode-only workloads by name -> prompt tokens each request's KV cache starts with.
+WORKLOADS = {"chat": int(CHAT.mean_prompt_tokens), "agentic": 24_000}
+"""Workloads by name (the request mixes of :mod:`runahead.workloads`) -> their typical prompt tokens.
 
-``chat``: ShareGPT's mean prompt of ~161 tokens. (Real request mixes, with prefill and arrivals,
-belong to the paper-figures work.)"""
+``chat`` (decode-dominated): ``concurrency`` requests whose prompts (ShareGPT-shaped, mean ~161) are
+context already in the KV cache (``prompt_tokens``); each decodes ``steps`` tokens over the trace
+(ShareGPT outputs, mean ~338, outlast the measured window, so no request finishes early).
+
+``agentic`` (long prompts): a closed loop at ``concurrency`` over SWE-agent-style turns, see
+:func:`agentic_specs`: the history is cached context, the turn's new tokens are prefilled through
+the pipeline in chunks of ``prefill_chunk``; a finished request's lane takes the next turn at once.
+The value is the workload's median prompt (for display only)."""
+
+AGENTIC_MAX_PREFILL = 4096
+"""Cap on one agentic turn's new (prefilled) tokens: a long observation is truncated, as SWE-agent does."""
 
 REQUIRED_FIELDS = (
     "policy",
@@ -65,6 +87,8 @@ class BenchPoint:
     warmup_steps: int = 8
     zero_cost: bool = False
     """Charge no time for compute or reads: the row's ``overhead_us_per_job`` is then the runtime's own."""
+    prefill_chunk: int = 512
+    """Prompt tokens per prefill pass (``agentic`` only: ``chat`` prefills nothing)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -75,6 +99,8 @@ class BenchPoint:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup steps must be >= 0, got {self.warmup_steps}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
 
@@ -93,23 +119,74 @@ def warm_keys(trace: RoutingTrace, requests: int, steps: int) -> Iterator[Expert
                     yield ExpertKey(layer, expert)
 
 
+def chat_specs(point: BenchPoint) -> list[RequestSpec]:
+    """``chat``: one request per lane, its sampled prompt as cached context, ``steps`` decode tokens each."""
+    samples = sample_requests(CHAT, point.concurrency, point.seed)
+    return [
+        RequestSpec(r, point.steps, prompt_tokens=sample.prompt_tokens + point.warmup_steps)
+        for r, sample in enumerate(samples)
+    ]
+
+
+def agentic_specs(point: BenchPoint) -> list[RequestSpec]:
+    """``agentic``: the closed loop's requests in submission order; ``concurrency * steps`` decode tokens.
+
+    Each request is one turn of :data:`runahead.workloads.AGENTIC` (seeded by ``point.seed``). Its
+    prompt splits into context an earlier turn left in the KV cache (``prompt_tokens``; agents reuse
+    their prefix) and the turn's new tokens, prefilled through the pipeline (``prefill_tokens``):
+    one tool observation (lognormal, median 600, the workload's own observation model) plus the
+    previous output (the workload's mean), at most :data:`AGENTIC_MAX_PREFILL` and at most the
+    prompt. It decodes ``min(output, steps)`` tokens; the last request is cut to the token budget.
+    """
+    budget = point.concurrency * point.steps
+    count = budget // AGENTIC.min_output_tokens + point.concurrency + 1  # enough whatever the draws
+    samples: list[RequestSample] = sample_requests(AGENTIC, count, point.seed)
+    rng = np.random.default_rng([point.seed, 0x5E1F])
+    observations = rng.lognormal(
+        math.log(AGENTIC.observation_tokens_median), AGENTIC.observation_sigma, count
+    )
+    specs = []
+    for r, (sample, observation) in enumerate(zip(samples, observations.tolist(), strict=True)):
+        if budget <= 0:
+            break
+        new = round(observation) + round(AGENTIC.mean_output_tokens)
+        new = max(1, min(new, AGENTIC_MAX_PREFILL, sample.prompt_tokens))
+        tokens = min(sample.output_tokens, point.steps, budget)
+        budget -= tokens
+        cached = sample.prompt_tokens - new + point.warmup_steps
+        specs.append(RequestSpec(r, tokens, prompt_tokens=cached, prefill_tokens=new))
+    return specs
+
+
 def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: Any = None) -> dict[str, Any]:
-    """Measure one point on the sim backend; return its result row."""
+    """Measure one point on the sim backend; return its result row.
+
+    ``chat`` rows cover the whole run. ``agentic`` rows measure the closed loop's steady state:
+    from the moment every initial request has finished its prefill (its first token) to the first
+    finish that finds no request left to start (concurrency drops below ``concurrency``); prefills
+    of requests that join in between run inside the window and are charged to it. Either way
+    ``tokens_per_s`` counts generated tokens only (prompt tokens are never counted as throughput).
+    """
     model = load_model_spec(point.model)
     profile = load_profile(point.profile)
+    specs = agentic_specs(point) if point.workload == "agentic" else chat_specs(point)
     if trace is None:
-        trace = default_trace(model, point.concurrency, point.warmup_steps + point.steps, point.seed)
+        trace = default_trace(model, len(specs), point.warmup_steps + point.steps, point.seed)
     if (trace.num_layers, trace.top_k) != (model.num_layers, model.top_k):
         raise ValueError(
             f"trace has {trace.num_layers} layers x top-{trace.top_k}, model {model.name} has "
             f"{model.num_layers} x top-{model.top_k}"
         )
     slots = cache_slots(model, point.cache_fraction)
-    for request in range(point.concurrency):  # build the trace's tuples before the clock starts
+    for request in range(len(specs)):  # build the trace's tuples before the clock starts
         trace.selections(request % trace.num_requests)
         trace.predictions(request % trace.num_requests)
     backend = SimBackend(
-        trace, CostModel(model, profile), step_offset=point.warmup_steps, zero_cost=point.zero_cost
+        trace,
+        CostModel(model, profile),
+        step_offset=point.warmup_steps,
+        zero_cost=point.zero_cost,
+        prefill_chunk=point.prefill_chunk,
     )
     config = RuntimeConfig(
         cache_slots=slots,
@@ -117,18 +194,28 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         eviction=point.eviction,
         step_barrier=point.step_barrier,
         link_queue_depth=profile.link_queue_depth,
+        prefill_chunk=point.prefill_chunk,
     )
     runtime = Runtime(backend, config)
     runtime.warm_cache(warm_keys(trace, point.concurrency, point.warmup_steps))
-    prompt = WORKLOADS[point.workload]
-    requests = [
-        RequestSpec(r, point.steps, prompt_tokens=prompt + point.warmup_steps)
-        for r in range(point.concurrency)
-    ]
     wall, cpu = time.perf_counter(), time.process_time()
-    run_virtual(lambda: runtime.run(requests))
+    extra: dict[str, Any] = {}
+    if point.workload == "agentic":
+        drain = run_virtual(lambda: closed_loop(runtime, specs, point.concurrency))
+        initial = {spec.request for spec in specs[: point.concurrency]}
+        first = max(t for r, step, t in runtime.recorder.tokens if step == 0 and r in initial)
+        end = max(t for _, _, t in runtime.recorder.tokens) if drain is None else drain
+        metrics = summarize_window(runtime.recorder, runtime.cache.stats, first, end, point.concurrency)
+        extra = {
+            "requests": len(specs),
+            "prefill_tokens": sum(spec.prefill_tokens for spec in specs),
+            "window_start_s": first,
+            "window_end_s": end,
+        }
+    else:
+        run_virtual(lambda: runtime.run(specs))
+        metrics = summarize(runtime.recorder, runtime.cache.stats, steps=point.steps)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    metrics = summarize(runtime.recorder, runtime.cache.stats, steps=point.steps)
     jobs = sum(record.size for record in runtime.recorder.computes)
     row = {
         **asdict(point),
@@ -136,6 +223,7 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         "cache_slots": slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),
+        **extra,
         "overhead_us_per_job": cpu / jobs * 1e6,
         "jobs": jobs,
         "wall_s": wall,
@@ -143,6 +231,92 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     if timeline is not None:
         timeline(runtime)
     return row
+
+
+async def closed_loop(runtime: Runtime, specs: Sequence[RequestSpec], concurrency: int) -> float | None:
+    """Run ``specs`` keeping ``concurrency`` of them active; return when concurrency first dropped.
+
+    The first ``concurrency`` start at once; each finish starts the next spec at that (virtual)
+    instant. Returns the time of the first finish that found no spec left to start, or ``None``
+    when every spec started at once.
+    """
+    queue = list(reversed(specs))
+    waiting: dict[asyncio.Future[list[int]], int] = {}
+    drained: float | None = None
+    async with runtime:
+
+        def start() -> None:
+            spec = queue.pop()
+            (handle,) = runtime.submit(spec)
+            waiting[asyncio.ensure_future(handle.result())] = spec.request
+
+        for _ in range(min(concurrency, len(queue))):
+            start()
+        started_all = not queue
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                waiting.pop(future)
+                future.result()
+                if queue:
+                    start()
+                elif drained is None and not started_all:
+                    drained = runtime.clock.now()
+    return drained
+
+
+def summarize_window(
+    recorder: Recorder, stats: Any, start: float, end: float, concurrency: int
+) -> RunMetrics:
+    """:func:`runahead.metrics.summarize` over the window ``(start, end]`` of a run.
+
+    Tokens, busy times, reads and groups are those inside the window; a "step" is ``concurrency``
+    tokens. Hits, misses and prefetch counts stay whole-run totals (the cache counts them).
+    """
+    if not end > start:
+        raise ValueError(f"empty measurement window ({start}, {end}]")
+    tokens = sum(1 for _, _, t in recorder.tokens if start < t <= end)
+    if not tokens:
+        raise ValueError("no tokens inside the measurement window")
+    makespan = end - start
+    steps = tokens / concurrency
+    compute = clip(union([(c.start, c.end) for c in recorder.computes]), start, end)
+    link = clip(union([(f.start, f.end) for f in recorder.fetches]), start, end)
+    fetches = sum(1 for f in recorder.fetches if start <= f.start < end)
+    compute_busy, link_busy = total(compute), total(link)
+    both = intersection_total(compute, link)
+    groups = [c for c in recorder.computes if start <= c.start < end]
+    sizes: dict[int, int] = {}
+    for group in groups:
+        sizes[group.size] = sizes.get(group.size, 0) + 1
+    lower_bound = max(compute_busy, link_busy) / steps
+    step_time = makespan / steps
+    return RunMetrics(
+        tokens=tokens,
+        steps=steps,
+        makespan_s=makespan,
+        tokens_per_s=tokens / makespan,
+        step_time_s=step_time,
+        compute_s=compute_busy / steps,
+        fetch_s=link_busy / steps,
+        lower_bound_s=lower_bound,
+        bound_ratio=step_time / lower_bound if lower_bound > 0 else float("nan"),
+        overlap_fraction=both / makespan,
+        compute_wait_fraction=(makespan - compute_busy) / makespan,
+        link_only_fraction=(link_busy - both) / makespan,
+        compute_only_fraction=(compute_busy - both) / makespan,
+        idle_fraction=(makespan - compute_busy - link_busy + both) / makespan,
+        hits=stats.hits,
+        misses=stats.misses,
+        fetches=fetches,
+        fetches_per_step=fetches / steps,
+        prefetches=stats.prefetches,
+        wasted_prefetches=stats.wasted_prefetches,
+        evictions=stats.evictions,
+        groups=len(groups),
+        mean_group_size=sum(g.size for g in groups) / max(1, len(groups)),
+        group_sizes=dict(sorted(sizes.items())),
+    )
 
 
 def sweep(
@@ -159,6 +333,7 @@ def sweep(
     eviction: str = "lfu",
     warmup_steps: int = 8,
     zero_cost: bool = False,
+    prefill_chunk: int = 512,
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
@@ -175,6 +350,7 @@ def sweep(
             eviction,
             warmup_steps,
             zero_cost,
+            prefill_chunk,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             concurrencies, cache_fractions, barriers, policies

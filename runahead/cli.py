@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Policies: runahead, sync, prefetch-gate, prefetch-history, runahead+prefetch, with knobs as "
         "NAME/compute=fifo/fetch=global-srtf/grouping=static:2:2:2.",
     )
+    bench.add_argument(
+        "what",
+        nargs="?",
+        choices=["paper"],
+        help="'paper': regenerate the paper's figures on the sim (PNG + JSONL per figure) into --out",
+    )
+    bench.add_argument("--quick", action="store_true", help="paper: the short version (under 3 minutes)")
+    bench.add_argument("--workers", type=int, default=2, help="paper: parallel worker processes")
+    bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
     bench.add_argument("--backend", default="sim", choices=["sim", "torch"])
     bench.add_argument(
         "--model",
@@ -260,6 +269,13 @@ def run_bench(args: argparse.Namespace) -> int:
     from runahead.bench import format_table, run_sweep, sweep
     from runahead.trace import RoutingTrace
 
+    if args.what == "paper":
+        from runahead.paper import run_paper
+
+        if args.out is None:
+            raise ValueError("runahead bench paper needs --out DIR")
+        run_paper(args.out, quick=args.quick, workers=args.workers, resume=not args.no_resume)
+        return 0
     if args.backend == "torch":
         return run_torch_bench(args)
     points = sweep(

@@ -1,0 +1,127 @@
+"""Figure 1: expert-prediction precision of a gate-based prefetcher vs the expert cache's size.
+
+A pure replay over a synthetic routing trace (no runtime, no clock), like
+:func:`runahead.trace.replay_fetches`. Each trace request is replayed alone (the paper's
+precision analysis follows one request's next-layer needs), token by token, layer by layer:
+
+* before layer ``l`` runs, the speculative gate's guess for ``l`` (``trace.predictions``, made one
+  layer early) is prefetched: every predicted expert that is not resident. *Precision* is the
+  fraction of those prefetched experts that layer ``l`` actually selects;
+* then layer ``l``'s selection is served from the cache, missing experts inserted, evicting with
+  LRU or LFU (experts in use at the layer are not evictable), exactly as
+  :func:`runahead.trace.cache_hold_fraction` does. Prefetched experts are not inserted: the replay
+  measures what a prefetcher would fetch beside a cache, not a particular prefetcher's pollution.
+
+Caches: ``lru``, ``lfu``, ``random`` (at each layer, the LFU cache's number of resident experts and
+of resident *needed* experts, but drawn uniformly at random, so residency says nothing about
+predictability: the paper's randomized cache, which isolates "fewer needed candidates remain"
+(region 1) from "the cache keeps the predictable experts" (region 2)), and ``none`` (no cache:
+every prediction is prefetched). The first ``warmup_steps`` tokens fill the cache uncounted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+
+from runahead.eviction import make_eviction
+from runahead.paper.settings import PrecisionPoint
+from runahead.specs import load_model_spec
+from runahead.trace import RoutingTrace, default_trace
+
+
+def replay_precision(
+    trace: RoutingTrace,
+    cache: str,
+    cache_fraction: float,
+    *,
+    warmup_steps: int = 0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Replay every request of ``trace`` alone under ``cache``; return the precision counts.
+
+    Returns ``prefetched`` (predicted, non-resident), ``useful`` (of those, selected),
+    ``precision`` (useful / prefetched), ``needed`` and ``held`` (selections resident when needed),
+    ``hold_fraction`` and ``candidates_needed`` (needed experts among the non-resident ones, per layer).
+    """
+    if cache not in ("none", "lru", "lfu", "random"):
+        raise ValueError(f"unknown cache {cache!r}; choose none, lru, lfu or random")
+    layers, experts = trace.num_layers, trace.num_experts
+    capacity = round(cache_fraction * layers * experts) if cache != "none" else 0
+    if cache != "none" and capacity < trace.top_k:
+        raise ValueError(f"a cache of {capacity} entries cannot hold one layer's {trace.top_k} experts")
+    rng = np.random.default_rng([seed, 0xCAC4E])
+    prefetched = useful = needed_total = held = 0
+    for request in range(trace.num_requests):
+        selections, predictions = trace.selections(request), trace.predictions(request)
+        policy = make_eviction("lfu" if cache in ("random", "none") else cache)
+        resident: set[Hashable] = set()
+        per_layer = [0] * layers  # resident experts per layer
+        for step in range(len(selections)):
+            counted = step >= warmup_steps
+            for layer in range(layers):
+                needed = selections[step][layer]
+                if counted and layer > 0 and predictions[step][layer]:
+                    held_here = {e for e in needed if (layer, e) in resident}
+                    if cache == "random":
+                        others = [e for e in range(experts) if e not in needed]
+                        count = per_layer[layer] - len(held_here)
+                        picks: list[int] = (
+                            rng.choice(len(others), size=count, replace=False).tolist() if count else []
+                        )
+                        view = {others[i] for i in picks}
+                        view.update(rng.choice(needed, size=len(held_here), replace=False).tolist())
+                    else:
+                        view = (
+                            {e for e in range(experts) if (layer, e) in resident}
+                            if cache != "none"
+                            else set()
+                        )
+                    fetch = [e for e in predictions[step][layer] if e not in view]
+                    prefetched += len(fetch)
+                    useful += sum(1 for e in fetch if e in needed)
+                if counted:
+                    needed_total += len(needed)
+                    held += sum(1 for e in needed if (layer, e) in resident)
+                if cache == "none":
+                    continue
+                keys = [(layer, e) for e in needed]
+                for key in keys:
+                    policy.touch(key)
+                for key in keys:
+                    if key in resident:
+                        policy.remove(key)
+                        continue
+                    if len(resident) >= capacity:
+                        victim = policy.pop_victim()
+                        assert victim is not None, "capacity >= top_k leaves an evictable entry"
+                        resident.discard(victim)
+                        per_layer[victim[0]] -= 1  # type: ignore[index]
+                    resident.add(key)
+                    per_layer[layer] += 1
+                for key in keys:
+                    policy.add(key)
+    return {
+        "prefetched": prefetched,
+        "useful": useful,
+        "precision": useful / prefetched if prefetched else float("nan"),
+        "needed": needed_total,
+        "held": held,
+        "hold_fraction": held / needed_total if needed_total else float("nan"),
+    }
+
+
+def run_precision_point(point: PrecisionPoint) -> dict[str, Any]:
+    """The result row of one precision point (a synthetic trace of the model's shape)."""
+    model = load_model_spec(point.model)
+    trace = default_trace(model, point.requests, point.warmup_steps + point.steps, point.seed)
+    counts = replay_precision(
+        trace, point.cache, point.cache_fraction, warmup_steps=point.warmup_steps, seed=point.seed
+    )
+    return {"kind": "precision", **_fields(point), **counts}
+
+
+def _fields(point: PrecisionPoint) -> dict[str, Any]:
+    return {name: getattr(point, name) for name in point.__dataclass_fields__}
