@@ -12,7 +12,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -359,17 +359,34 @@ def sweep(
 
 
 def run_sweep(
-    points: Iterable[BenchPoint], out: Path | None, trace: RoutingTrace | None = None, progress: Any = None
+    points: Iterable[Any],
+    out: Path | None,
+    trace: RoutingTrace | None = None,
+    progress: Any = None,
+    timeline: Path | None = None,
+    run: Callable[[Any, Path | None], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``points`` in order, appending each row to ``out/results.jsonl`` as it finishes."""
+    """Run ``points`` in order, appending each row to ``out/results.jsonl`` as it finishes.
+
+    ``run(point, timeline_path)`` measures one point (default: :func:`run_point` on the sim with
+    ``trace``). With ``timeline``, each run is also written as a Chrome trace (``timeline`` itself
+    for one point, ``<stem>-<i>.json`` for several).
+    """
+    from runahead.timeline import numbered_paths
+
+    points = list(points)
+    paths: list[Path | None] = (
+        list(numbered_paths(timeline, len(points))) if timeline else [None] * len(points)
+    )
+    measure = run or (lambda point, path: run_point(point, trace, timeline=_trace_writer(path)))
     rows = []
     sink = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         sink = (out / "results.jsonl").open("w")
     try:
-        for point in points:
-            row = run_point(point, trace)
+        for point, path in zip(points, paths, strict=True):
+            row = measure(point, path)
             rows.append(row)
             if sink is not None:
                 sink.write(json.dumps(row) + "\n")
@@ -380,6 +397,14 @@ def run_sweep(
         if sink is not None:
             sink.close()
     return rows
+
+
+def _trace_writer(path: Path | None) -> Callable[[Runtime], None] | None:
+    if path is None:
+        return None
+    from runahead.timeline import write_chrome_trace
+
+    return lambda runtime: write_chrome_trace(runtime.recorder, path)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--out", type=Path, help="write DIR/results.jsonl, one row per point")
     bench.add_argument("--quiet", action="store_true", help="print only the final table")
+    bench.add_argument(
+        "--timeline",
+        type=Path,
+        help="write each point's run as a Chrome-trace / Perfetto JSON (FILE, or FILE-<i>.json for several)",
+    )
     demo = commands.add_parser(
         "demo",
         help="the embedded default: a small random model served under sync and runahead, side by side",
@@ -150,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--step-barrier", choices=["on", "off"], default="on")
     gen.add_argument("--record-trace", type=Path, help="write the experts each request selected (.npz)")
     gen.add_argument("--json", action="store_true", help="one JSON object per request")
+    gen.add_argument("--timeline", type=Path, help="write the run as a Chrome-trace / Perfetto JSON file")
     return parser
 
 
@@ -187,6 +193,7 @@ def run_generate(args: argparse.Namespace) -> int:
         step_barrier=args.step_barrier == "on",
         record_trace=args.record_trace,
         on_text=(lambda text: print(text, end="", flush=True)) if streaming else None,
+        timeline=args.timeline,
     )
     if streaming:
         print()
@@ -307,7 +314,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    rows = run_sweep(points, args.out, trace, progress)
+    rows = run_sweep(points, args.out, trace, progress, timeline=args.timeline)
     print(format_table(rows))
     if args.out:
         print(f"\nwrote {args.out / 'results.jsonl'}")
@@ -316,9 +323,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def run_torch_bench(args: argparse.Namespace) -> int:
     import itertools
-    import json
 
-    from runahead.bench import format_table
+    from runahead.bench import format_table, run_sweep
     from runahead.torchbench import TorchPoint, run_torch_point
 
     points = [
@@ -339,26 +345,20 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy
         )
     ]
-    rows = []
-    sink = None
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        sink = (args.out / "results.jsonl").open("w")
-    for index, point in enumerate(points, 1):
-        row = run_torch_point(point)
-        rows.append(row)
-        if sink is not None:
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
+    done = 0
+
+    def progress(row: dict[str, Any]) -> None:
+        nonlocal done
+        done += 1
         if not args.quiet:
             print(
-                f"[{index}/{len(points)}] {point.policy} x{point.concurrency} "
-                f"cache {point.cache_fraction:.2f}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']:.1f} s)",
+                f"[{done}/{len(points)}] {row['policy']} x{row['concurrency']} "
+                f"cache {row['cache_fraction']:.2f}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']:.1f} s)",
                 file=sys.stderr,
                 flush=True,
             )
-    if sink is not None:
-        sink.close()
+
+    rows = run_sweep(points, args.out, progress=progress, timeline=args.timeline, run=run_torch_point)
     print(format_table(rows))
     return 0
 

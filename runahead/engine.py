@@ -70,8 +70,13 @@ class Engine:
         step_barrier: bool = False,
         prefill_chunk: int = 256,
         record_selections: bool = False,
+        keep_records: bool = False,
     ) -> Engine:
-        """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``."""
+        """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
+
+        ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
+        server leaves it off and keeps running totals only.
+        """
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
         from runahead.backends.torch import TorchBackend
@@ -92,7 +97,7 @@ class Engine:
                 step_barrier=step_barrier,
                 prefill_chunk=prefill_chunk,
                 record_selections=record_selections,
-                keep_records=False,  # a server runs for days: keep totals, not a log of every read
+                keep_records=keep_records,  # off by default: a server keeps totals, not a log of every read
             ),
         )
         try:

@@ -37,6 +37,7 @@ def generate(
     step_barrier: bool = True,
     record_trace: str | Path | None = None,
     on_text: Callable[[str], None] | None = None,
+    timeline: str | Path | None = None,
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
@@ -56,6 +57,7 @@ def generate(
             policy=policy,
             step_barrier=step_barrier,
             record_selections=bool(record_trace),
+            keep_records=timeline is not None,
         )
         async with engine:
             ids = engine.encode(prompt)
@@ -73,6 +75,10 @@ def generate(
             completions = list(await asyncio.gather(*(one(i) for i in range(concurrency))))
             if record_trace:
                 save_trace(engine.runtime, record_trace, model=Path(model).name)
+            if timeline is not None:
+                from runahead.timeline import write_chrome_trace
+
+                write_chrome_trace(engine.runtime.recorder, timeline)
             return completions
 
     return asyncio.run(run())

@@ -28,6 +28,7 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from runahead.jobs import ENTRY_LAYER
@@ -397,3 +398,11 @@ def render_png(
     colorbar.ax.tick_params(labelsize=7)
     figure.tight_layout()
     figure.savefig(os.fspath(path), format="png")
+
+
+def numbered_paths(path: str | Path, count: int) -> list[Path]:
+    """Where the timelines of ``count`` runs go: ``path`` itself for one, ``stem-<i>.json`` for several."""
+    path = Path(path)
+    if count == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}-{i}{path.suffix or '.json'}") for i in range(count)]

@@ -52,8 +52,8 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def run_torch_point(point: TorchPoint) -> dict[str, Any]:
-    """Measure one point with the torch backend; return its result row."""
+def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str, Any]:
+    """Measure one point with the torch backend; return its result row (``timeline``: a Chrome trace)."""
     from runahead.backends.torch import TorchBackend
 
     path = resolve_model(point.model)
@@ -101,6 +101,10 @@ def run_torch_point(point: TorchPoint) -> dict[str, Any]:
     finally:
         backend.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if timeline is not None:
+        from runahead.timeline import write_chrome_trace
+
+        write_chrome_trace(runtime.recorder, timeline)
     metrics = summarize(runtime.recorder, runtime.cache.stats, steps=total, skip_steps=point.warmup_steps)
     jobs = sum(record.size for record in runtime.recorder.computes)
     return {

@@ -125,3 +125,23 @@ def test_bench_on_the_torch_backend_writes_rows(model: Path, tmp_path: Path) -> 
         assert set(REQUIRED_FIELDS) <= set(row)
         assert row["backend"] == "torch" and row["tokens"] == 3 * 6
         assert row["fetch_s"] > 0 and row["compute_s"] > 0
+
+
+def test_generate_writes_a_timeline(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "gen.json"
+    main(
+        [
+            "generate",
+            str(model),
+            "--prompt-ids",
+            "5,17",
+            "--max-tokens",
+            "4",
+            "--json",
+            "--timeline",
+            str(trace),
+        ]
+    )
+    events = json.loads(trace.read_text())["traceEvents"]
+    tokens = [e for e in events if e.get("ph") == "i"]
+    assert len(tokens) == 4  # one instant event per generated token

@@ -64,3 +64,29 @@ def test_cli_bench_writes_rows(tmp_path, capsys: pytest.CaptureFixture[str]) -> 
         assert row["step_time_s"] >= row["lower_bound_s"]
     table = capsys.readouterr().out
     assert "runahead" in table and "vs sync" in table
+
+
+def test_bench_timeline_writes_one_chrome_trace_per_point(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    trace = tmp_path / "run.json"
+    argv = [
+        "bench",
+        "--model",
+        "olmoe-1b-7b",
+        "--policy",
+        "sync,runahead",
+        "--concurrency",
+        "2",
+        "--steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--quiet",
+        "--timeline",
+        str(trace),
+    ]
+    assert main(argv) == 0
+    for index in (0, 1):
+        events = json.loads((tmp_path / f"run-{index}.json").read_text())["traceEvents"]
+        assert any(e.get("cat") == "compute" for e in events) and any(e.get("cat") == "fetch" for e in events)
