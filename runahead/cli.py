@@ -300,21 +300,7 @@ def run_bench(args: argparse.Namespace) -> int:
         zero_cost=args.zero_cost,
     )
     trace = RoutingTrace.load(args.trace) if args.trace else None
-    total = len(points)
-    done = 0
-
-    def progress(row: dict[str, Any]) -> None:
-        nonlocal done
-        done += 1
-        if not args.quiet:
-            print(
-                f"[{done}/{total}] {row['policy']} x{row['concurrency']} cache {row['cache_fraction']:.2f}: "
-                f"{row['tokens_per_s']:.1f} tok/s ({row['wall_s']:.1f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    rows = run_sweep(points, args.out, trace, progress, timeline=args.timeline)
+    rows = run_sweep(points, args.out, trace, _progress(len(points), args.quiet), timeline=args.timeline)
     print(format_table(rows))
     if args.out:
         print(f"\nwrote {args.out / 'results.jsonl'}")
@@ -345,22 +331,28 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy
         )
     ]
+    progress = _progress(len(points), args.quiet)
+    rows = run_sweep(points, args.out, progress=progress, timeline=args.timeline, run=run_torch_point)
+    print(format_table(rows))
+    return 0
+
+
+def _progress(total: int, quiet: bool) -> Callable[[dict[str, Any]], None]:
+    """A progress line on stderr per finished bench point."""
     done = 0
 
-    def progress(row: dict[str, Any]) -> None:
+    def report(row: dict[str, Any]) -> None:
         nonlocal done
         done += 1
-        if not args.quiet:
+        if not quiet:
             print(
-                f"[{done}/{len(points)}] {row['policy']} x{row['concurrency']} "
-                f"cache {row['cache_fraction']:.2f}: {row['tokens_per_s']:.2f} tok/s ({row['wall_s']:.1f} s)",
+                f"[{done}/{total}] {row['policy']} x{row['concurrency']} cache {row['cache_fraction']:.2f}: "
+                f"{row['tokens_per_s']:.2f} tok/s ({row['wall_s']:.1f} s)",
                 file=sys.stderr,
                 flush=True,
             )
 
-    rows = run_sweep(points, args.out, progress=progress, timeline=args.timeline, run=run_torch_point)
-    print(format_table(rows))
-    return 0
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
