@@ -96,6 +96,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
             )
         return await runtime.run(requests)
 
+    direct_io = getattr(backend.store, "direct", None)  # read before close() releases the files
     try:
         tokens = asyncio.run(main())
     finally:
@@ -116,6 +117,6 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone
         "jobs": jobs,
         "wall_s": wall,
-        "direct_io": getattr(backend.store, "direct", None),
+        "direct_io": direct_io,
         "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
     }
