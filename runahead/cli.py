@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with its experts read from disk (O_DIRECT) into a cache holding a fraction of them, under sync "
         "and runahead, and prints the comparison. No download.",
     )
-    demo.add_argument("--concurrency", type=int, default=4)
+    demo.add_argument("--concurrency", type=int, default=8)
     demo.add_argument("--tokens", type=int, default=32, help="decode steps measured per request")
     demo.add_argument("--cache-fraction", type=float, default=0.3)
     demo.add_argument("--store", default="disk", choices=["disk", "host"])
