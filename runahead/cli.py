@@ -163,13 +163,10 @@ def run_generate(args: argparse.Namespace) -> int:
     import json
 
     from runahead.generate import generate
-    from runahead.policy import parse_policy
     from runahead.sampling import SamplingParams
     from runahead.torchbench import resolve_model
 
-    parse_policy(args.policy)
-    if not 0 < args.cache_fraction <= 1:
-        raise ValueError(f"cache fraction must lie in (0, 1], got {args.cache_fraction}")
+    _check_serving_options(args)
     model = resolve_model(args.model)
     eos = _eos_token(model)
     sampling = SamplingParams(
@@ -222,13 +219,10 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
-    from runahead.policy import parse_policy
     from runahead.server import serve
     from runahead.torchbench import resolve_model
 
-    parse_policy(args.policy)
-    if not 0 < args.cache_fraction <= 1:
-        raise ValueError(f"cache fraction must lie in (0, 1], got {args.cache_fraction}")
+    _check_serving_options(args)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
         asyncio.run(
             serve(
@@ -335,6 +329,15 @@ def run_torch_bench(args: argparse.Namespace) -> int:
     rows = run_sweep(points, args.out, progress=progress, timeline=args.timeline, run=run_torch_point)
     print(format_table(rows))
     return 0
+
+
+def _check_serving_options(args: argparse.Namespace) -> None:
+    """Refuse a bad policy or cache fraction before a model is loaded."""
+    from runahead.policy import parse_policy
+
+    parse_policy(args.policy)
+    if not 0 < args.cache_fraction <= 1:
+        raise ValueError(f"cache fraction must lie in (0, 1], got {args.cache_fraction}")
 
 
 def _progress(total: int, quiet: bool) -> Callable[[dict[str, Any]], None]:
