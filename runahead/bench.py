@@ -186,7 +186,6 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         CostModel(model, profile),
         step_offset=point.warmup_steps,
         zero_cost=point.zero_cost,
-        prefill_chunk=point.prefill_chunk,
     )
     config = RuntimeConfig(
         cache_slots=slots,

@@ -85,7 +85,7 @@ def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # typ
     from runahead.runtime import RuntimeConfig
 
     runtime = Runtime(
-        SimBackend(trace, FixedCosts(group, per_expert, transfer, latency), prefill_chunk=case["chunk"]),
+        SimBackend(trace, FixedCosts(group, per_expert, transfer, latency)),
         RuntimeConfig(
             cache_slots=slots,
             policy=policy,

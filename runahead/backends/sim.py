@@ -106,7 +106,6 @@ class SimBackend:
         step_offset: int = 0,
         zero_cost: bool = False,
         clock: Clock | None = None,
-        prefill_chunk: int = 256,
     ) -> None:
         self.routing = routing
         self.costs = costs
@@ -115,7 +114,6 @@ class SimBackend:
         self.step_offset = step_offset
         self.zero_cost = zero_cost
         self.clock = clock or Clock()
-        self.prefill_chunk = prefill_chunk  # must match the runtime's, to know which pass ends the prompt
         self._requests: dict[int, _SimRequest] = {}
         self._link_free = 0.0
 
@@ -152,7 +150,7 @@ class SimBackend:
             if job.remaining:  # a wave before the last: its experts' share of the MoE only
                 results.append(JobResult(job))
             elif group.layer == last:
-                if not job.prefill or job.step == len(state.spec.chunk_sizes(self.prefill_chunk)) - 1:
+                if not job.prefill or state.position + job.num_tokens >= state.spec.prompt_length:
                     results.append(JobResult(job, token=sim_token(state.spec, state.generated)))
                     state.generated += 1
                 else:
