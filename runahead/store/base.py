@@ -1,0 +1,271 @@
+"""Slots, the store protocol, layout checks and the worker pool the expert stores share."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from runahead.models.layout import ExpertLayout, TensorRange
+
+DTYPES: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+"""Safetensors dtype names the stores read, and their torch dtypes."""
+
+ALIGNMENT = 4096
+"""O_DIRECT alignment of offsets, lengths and buffers: covers 512-byte and 4 KiB logical blocks."""
+
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
+"""Filesystems whose "disk" is memory: tmpfs accepts O_DIRECT since Linux 6.6, but reads stay memory reads."""
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem holding ``path`` from ``/proc/self/mounts`` (Linux), else ``""``."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return ""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    for mount, fstype in mounts:
+        mount = mount.replace("\\040", " ")
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, kind = mount, fstype
+    return kind
+
+
+class StoreError(ValueError):
+    """A layout range that does not match the layout's shapes, or a file that does not hold it."""
+
+
+class SlotPool:
+    """The expert cache's slot memory: one preallocated ``[num_slots, slot_numel]`` tensor.
+
+    Created once by the backend; on CUDA it lives on the device. ``slot(i)`` is a view into it, so
+    a store that writes the view writes the cache.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        slot_numel: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if num_slots < 1 or slot_numel < 1:
+            raise ValueError(
+                f"SlotPool needs num_slots >= 1 and slot_numel >= 1, got {num_slots}, {slot_numel}"
+            )
+        self.num_slots = num_slots
+        self.slot_numel = slot_numel
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.data = torch.empty((num_slots, slot_numel), dtype=dtype, device=self.device)
+
+    def slot(self, i: int) -> torch.Tensor:
+        """Slot ``i`` as a contiguous 1-D view of ``slot_numel`` elements (no copy)."""
+        if not 0 <= i < self.num_slots:
+            raise IndexError(f"slot {i} out of range [0, {self.num_slots})")
+        return self.data[i]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of slot memory held."""
+        return self.data.numel() * self.data.element_size()
+
+
+@runtime_checkable
+class ExpertStore(Protocol):
+    """Where experts come from. ``read_into`` may be awaited several times concurrently."""
+
+    bytes_read: int
+    """Bytes moved over the link by completed reads (see each store for what that counts)."""
+
+    reads: int
+    """Completed ``read_into`` calls."""
+
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor) -> None:
+        """Fill ``slot`` (``slot_numel`` elements) with expert ``(layer, expert)`` in the slot format.
+
+        Called by the backend's ``fetch``; returns when the bytes are in the slot. Never blocks the
+        event loop.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release threads, files and buffers. Idempotent; later reads raise ``RuntimeError``."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout validation and read plans
+
+
+def _expected_shape(role: str, hidden: int, inter: int) -> tuple[int, int]:
+    return {
+        "gate": (inter, hidden),
+        "up": (inter, hidden),
+        "down": (hidden, inter),
+        "gate_up": (2 * inter, hidden),
+    }[role]
+
+
+def _strip_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
+    dims = tuple(shape)
+    while len(dims) > 2 and dims[0] == 1:
+        dims = dims[1:]
+    return dims
+
+
+def _where(r: TensorRange) -> str:
+    return f"{r.path} at offset {r.offset} ({r.role})"
+
+
+def validate_layout(layout: ExpertLayout, check_files: bool = True) -> None:
+    """Check every expert's ranges against the layout's shapes; raise :class:`StoreError` if one is off.
+
+    Each expert needs ``gate`` + ``up`` + ``down`` or ``gate_up`` + ``down``; each range's shape (leading
+    1-dims ignored) must be the role's ``[I, H]`` / ``[H, I]`` / ``[2I, H]``, its dtype one of
+    :data:`DTYPES` and ``nbytes`` the shape's size. With ``check_files`` every range must lie inside its
+    file (a truncated file is named). Called by the stores' constructors.
+    """
+    hidden, inter = layout.hidden_size, layout.intermediate_size
+    sizes: dict[str, int] = {}
+    for (layer, expert), ranges in layout.ranges.items():
+        roles = sorted(r.role for r in ranges)
+        if roles not in (["down", "gate", "up"], ["down", "gate_up"]):
+            raise StoreError(
+                f"expert ({layer}, {expert}): ranges have roles {roles}; "
+                "expected gate+up+down or gate_up+down"
+            )
+        for r in ranges:
+            if r.dtype not in DTYPES:
+                raise StoreError(
+                    f"{_where(r)}: unsupported dtype {r.dtype!r}; expected one of {sorted(DTYPES)}"
+                )
+            want = _expected_shape(r.role, hidden, inter)
+            found = _strip_leading_ones(r.shape)
+            if found != want:
+                raise StoreError(
+                    f"{_where(r)}: expected shape {list(want)} for H={hidden}, I={inter}, "
+                    f"found {list(r.shape)}"
+                )
+            want_bytes = math.prod(want) * DTYPES[r.dtype].itemsize
+            if r.nbytes != want_bytes:
+                raise StoreError(
+                    f"{_where(r)}: expected {want_bytes} bytes ({r.dtype} {list(want)}), found {r.nbytes}"
+                )
+            if r.offset < 0:
+                raise StoreError(f"{_where(r)}: negative offset")
+            if check_files:
+                if r.path not in sizes:
+                    try:
+                        sizes[r.path] = os.stat(r.path).st_size
+                    except OSError as exc:
+                        raise StoreError(f"{r.path}: cannot stat expert file: {exc}") from exc
+                if r.offset + r.nbytes > sizes[r.path]:
+                    raise StoreError(
+                        f"{_where(r)}: file is truncated: range ends at byte {r.offset + r.nbytes}, "
+                        f"file has {sizes[r.path]} bytes"
+                    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One read call: a run of adjacent ranges of one expert in one file, and where each goes."""
+
+    path: str
+    offset: int  # first byte of the run
+    nbytes: int  # bytes of the run
+    parts: tuple[tuple[TensorRange, int, int, int], ...]  # (range, byte offset in run, slot start, slot stop)
+
+
+def _plan(layout: ExpertLayout, ranges: Iterable[TensorRange]) -> tuple[_Read, ...]:
+    """Group one expert's ranges into reads: same file and back to back -> one read."""
+    offsets = layout.offsets()
+    reads: list[_Read] = []
+    run: list[TensorRange] = []
+
+    def flush() -> None:
+        if run:
+            start = run[0].offset
+            parts = tuple((r, r.offset - start, *offsets[r.role]) for r in run)
+            reads.append(_Read(run[0].path, start, run[-1].offset + run[-1].nbytes - start, parts))
+            run.clear()
+
+    for r in sorted(ranges, key=lambda r: (r.path, r.offset)):
+        if run and (r.path != run[-1].path or r.offset != run[-1].offset + run[-1].nbytes):
+            flush()
+        run.append(r)
+    flush()
+    return tuple(reads)
+
+
+def _check_slot(layout: ExpertLayout, slot: torch.Tensor) -> torch.Tensor:
+    if slot.numel() != layout.slot_numel or not slot.is_contiguous():
+        raise ValueError(
+            f"slot must be a contiguous tensor of {layout.slot_numel} elements, "
+            f"got shape {list(slot.shape)} (contiguous={slot.is_contiguous()})"
+        )
+    return slot.view(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading byte ranges
+
+
+class _Executor:
+    """The store's thread pool of ``queue_depth`` workers, shared by both stores."""
+
+    def __init__(self, queue_depth: int, name: str) -> None:
+        if queue_depth < 1:
+            raise ValueError(f"queue_depth must be >= 1, got {queue_depth}")
+        self.queue_depth = queue_depth
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            max_workers=queue_depth, thread_name_prefix=name
+        )
+
+    async def run(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the pool. If the caller is cancelled, wait for the thread to finish
+        before re-raising, so the slot is no longer being written when the cancellation lands."""
+        if self.pool is None:
+            raise RuntimeError("expert store is closed")
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            while not fut.done():
+                try:
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    continue
+                except Exception:
+                    break
+            raise
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+
+
+class _CudaCopier:
+    """A dedicated copy stream per CUDA device; copies wait on an event in the calling (worker) thread."""
+
+    def __init__(self) -> None:
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._lock = threading.Lock()
+
+    def stream(self, device: torch.device) -> torch.cuda.Stream:
+        with self._lock:
+            if device not in self._streams:
+                self._streams[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            return self._streams[device]

@@ -1,0 +1,143 @@
+"""The disk store: experts read from the model's safetensors files with ``O_DIRECT``."""
+
+from __future__ import annotations
+
+import mmap
+
+import torch
+
+from runahead.models.layout import ExpertLayout
+from runahead.store.base import (
+    ALIGNMENT,
+    MEMORY_FILESYSTEMS,
+    _check_slot,
+    _CudaCopier,
+    _Executor,
+    _plan,
+    filesystem_type,
+    validate_layout,
+)
+from runahead.store.files import _copy_run, _FileReader
+
+
+class DiskStore:
+    """Reads experts from their safetensors files with ``O_DIRECT``, one executor thread per queue slot.
+
+    Each file is opened once (``O_RDONLY | O_DIRECT``); an expert's ranges that are back to back in
+    one file are read with one ``os.preadv`` of the aligned superset (offset down, length up to
+    :data:`ALIGNMENT`) into a page-aligned per-thread ``mmap`` buffer, then viewed with
+    ``torch.frombuffer``, converted to the slot dtype and copied into their part of the slot. Where a
+    file's filesystem refuses O_DIRECT (EINVAL, e.g. tmpfs) or the platform lacks it, reads are
+    buffered and ``direct`` is False with the reason in ``direct_reason`` — such reads may come from
+    the page cache (memory speed), not the disk. ``memory_backed`` flags files on tmpfs, which
+    accepts O_DIRECT on recent kernels but is memory all the same.
+
+    ``bytes_read`` counts the experts' payload bytes (the ranges' ``nbytes``); ``io_bytes`` the bytes
+    actually read, alignment padding included.
+    """
+
+    def __init__(
+        self,
+        layout: ExpertLayout,
+        queue_depth: int = 2,
+        direct: bool = True,
+        alignment: int = ALIGNMENT,
+    ) -> None:
+        validate_layout(layout)
+        self.layout = layout
+        self.queue_depth = queue_depth
+        self.bytes_read = 0
+        self.reads = 0
+        self._plans = {key: _plan(layout, ranges) for key, ranges in layout.ranges.items()}
+        self._payload = {key: sum(r.nbytes for r in ranges) for key, ranges in layout.ranges.items()}
+        largest = max((run.nbytes for plan in self._plans.values() for run in plan), default=0)
+        self._files = _FileReader(
+            (r.path for rs in layout.ranges.values() for r in rs), direct, alignment, largest + 2 * alignment
+        )
+        self._memory_backed = any(filesystem_type(path) in MEMORY_FILESYSTEMS for path in self._files.fds)
+        self._executor = _Executor(queue_depth, "runahead-disk")
+        self._cuda = _CudaCopier()
+        self._registered: set[int] = set()
+        self._closed = False
+
+    @property
+    def direct(self) -> bool:
+        """True when every expert file is read with O_DIRECT (bypassing the page cache)."""
+        return self._files.direct
+
+    @property
+    def direct_reason(self) -> str:
+        """Why reads are buffered (empty when ``direct``)."""
+        return "" if self.direct else self._files.reason
+
+    @property
+    def io_bytes(self) -> int:
+        """Bytes read from the files, alignment padding included."""
+        return self._files.io_bytes
+
+    @property
+    def memory_backed(self) -> bool:
+        """True when an expert file lies on a memory filesystem (tmpfs...): even with O_DIRECT its
+        reads run at memory speed, so they say nothing about a disk."""
+        return self._memory_backed
+
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor) -> None:
+        """Read expert ``(layer, expert)`` from disk into ``slot``; see :meth:`ExpertStore.read_into`."""
+        key = (layer, expert)
+        if key not in self._plans:
+            raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
+        flat = _check_slot(self.layout, slot)
+        await self._executor.run(self._read_blocking, key, flat)
+        self.bytes_read += self._payload[key]
+        self.reads += 1
+
+    def _read_blocking(self, key: tuple[int, int], slot: torch.Tensor) -> None:
+        cuda = slot.device.type == "cuda"
+        for run in self._plans[key]:
+            buf, base = self._files.read(run)
+            if not cuda:
+                _copy_run(buf, base, run, slot)
+                continue
+            self._register(buf)
+            stream = self._cuda.stream(slot.device)
+            with torch.cuda.stream(stream):
+                _copy_run(buf, base, run, slot, non_blocking=True)
+                done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                done.record(stream)
+            done.synchronize()  # the buffer is reused by this thread's next read
+
+    def _register(self, buf: mmap.mmap) -> None:
+        """Page-lock a read buffer once so host -> device copies from it are true DMA (best effort)."""
+        import ctypes
+
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        if ptr in self._registered:
+            return
+        with self._files._lock:
+            if ptr not in self._registered:
+                torch.cuda.cudart().cudaHostRegister(ptr, len(buf), 0)  # type: ignore[no-untyped-call]
+                self._registered.add(ptr)
+
+    def close(self) -> None:
+        """Wait for in-flight reads, then close files and buffers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown()
+        if self._registered:
+            for ptr in self._registered:
+                torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
+            self._registered.clear()
+        self._files.close()
+
+    def __enter__(self) -> DiskStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        mode = "O_DIRECT" if self.direct else f"buffered ({self.direct_reason})"
+        if self.memory_backed:
+            mode += ", memory-backed files"
+        return f"DiskStore({len(self._plans)} experts, queue_depth={self.queue_depth}, {mode})"

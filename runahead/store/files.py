@@ -1,0 +1,136 @@
+"""Reading byte ranges of safetensors files, with ``O_DIRECT`` where the filesystem allows it."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+from collections.abc import Iterable
+
+import torch
+
+from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Read
+
+
+class _FileReader:
+    """Opens each expert file once (``O_DIRECT`` when it can) and reads runs into per-thread buffers.
+
+    Thread safe: ``os.preadv`` carries its own offset, and each thread has its own aligned buffer.
+    """
+
+    def __init__(
+        self, paths: Iterable[str], direct: bool, alignment: int = ALIGNMENT, buffer_size: int = 0
+    ) -> None:
+        self.alignment = alignment
+        self.buffer_size = buffer_size  # first buffer size: the largest read, so buffers never grow
+        self.fds: dict[str, int] = {}
+        self.direct_paths: set[str] = set()
+        self.reason = "" if direct else "buffered reads requested (direct=False)"
+        self.io_bytes = 0  # bytes read from files, alignment padding included
+        self._local = threading.local()
+        self._buffers: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+        o_direct = getattr(os, "O_DIRECT", 0)
+        if direct and not o_direct:
+            self.reason = "O_DIRECT is not available on this platform; using buffered reads"
+        for path in sorted(set(paths)):
+            fd = -1
+            if direct and o_direct:
+                try:
+                    fd = os.open(path, os.O_RDONLY | o_direct)
+                    self.direct_paths.add(path)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        self.close()
+                        raise StoreError(f"{path}: cannot open expert file: {exc}") from exc
+                    if not self.reason:
+                        self.reason = (
+                            f"O_DIRECT refused by the filesystem of {path} (EINVAL); using buffered reads"
+                        )
+            if fd < 0:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError as exc:
+                    self.close()
+                    raise StoreError(f"{path}: cannot open expert file: {exc}") from exc
+            self.fds[path] = fd
+
+    @property
+    def direct(self) -> bool:
+        """True when every file is read with O_DIRECT."""
+        return bool(self.fds) and len(self.direct_paths) == len(self.fds)
+
+    def _buffer(self, size: int) -> mmap.mmap:
+        buf: mmap.mmap | None = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < size:
+            new = mmap.mmap(
+                -1, max(size, self.buffer_size, 2 * len(buf) if buf is not None else 0)
+            )  # page aligned
+            with self._lock:
+                if buf is not None:
+                    self._buffers.remove(buf)
+                    buf.close()
+                self._buffers.append(new)
+            self._local.buf = buf = new
+        return buf
+
+    def read(self, run: _Read) -> tuple[mmap.mmap, int]:
+        """Read ``run`` into this thread's buffer; returns the buffer and where the run starts in it.
+
+        The buffer is reused by this thread's next read: copy out of it before reading again.
+        """
+        fd = self.fds[run.path]
+        if run.path in self.direct_paths:
+            a = self.alignment
+            start = run.offset - run.offset % a
+            stop = -(-(run.offset + run.nbytes) // a) * a
+        else:
+            start, stop = run.offset, run.offset + run.nbytes
+        need = run.offset + run.nbytes - start  # bytes that must arrive; the rest is padding past EOF
+        buf = self._buffer(stop - start)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < need:
+                try:
+                    n = os.preadv(fd, [view[got : stop - start]], start + got)
+                except OSError as exc:
+                    raise StoreError(
+                        f"{run.path}: read of {stop - start - got} bytes at offset {start + got} "
+                        f"failed: {exc}"
+                    ) from exc
+                if n == 0:
+                    break
+                got += n
+        finally:
+            view.release()
+        with self._lock:
+            self.io_bytes += got
+        if got < need:
+            raise StoreError(
+                f"{run.path}: file is truncated: expected bytes {run.offset}..{run.offset + run.nbytes}, "
+                f"file ends at {start + got}"
+            )
+        return buf, run.offset - start
+
+    def close(self) -> None:
+        """Close the files and free the buffers. Idempotent."""
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        with self._lock:
+            for buf in self._buffers:
+                buf.close()
+            self._buffers.clear()
+
+
+def _copy_run(
+    buf: mmap.mmap, base: int, run: _Read, slot: torch.Tensor, *, non_blocking: bool = False
+) -> None:
+    """Copy each range of ``run`` (``buf`` from byte ``base``) into its part of ``slot``, converting dtype."""
+    for r, at, lo, hi in run.parts:
+        dtype = DTYPES[r.dtype]
+        src = torch.frombuffer(buf, dtype=dtype, count=r.nbytes // dtype.itemsize, offset=base + at)
+        slot[lo:hi].copy_(src, non_blocking=non_blocking)
+        del src  # release the buffer export before the buffer is reused or closed
