@@ -46,9 +46,12 @@ def _policies(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from runahead import __version__
+
     parser = argparse.ArgumentParser(
         prog="runahead", description="Runahead inference for offloaded MoE models."
     )
+    parser.add_argument("--version", action="version", version=f"runahead {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench",
