@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--record-trace", type=Path, help="write the experts each request selected (.npz)")
     gen.add_argument("--json", action="store_true", help="one JSON object per request")
     gen.add_argument("--timeline", type=Path, help="write the run as a Chrome-trace / Perfetto JSON file")
+    gen.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="compute each request on its own, so its tokens never depend on what it is batched with",
+    )
     return parser
 
 
@@ -194,6 +199,7 @@ def run_generate(args: argparse.Namespace) -> int:
         record_trace=args.record_trace,
         on_text=(lambda text: print(text, end="", flush=True)) if streaming else None,
         timeline=args.timeline,
+        batch_invariant=args.batch_invariant,
     )
     if streaming:
         print()

@@ -71,11 +71,13 @@ class Engine:
         prefill_chunk: int = 256,
         record_selections: bool = False,
         keep_records: bool = False,
+        batch_invariant: bool = False,
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
-        server leaves it off and keeps running totals only.
+        server leaves it off and keeps running totals only. ``batch_invariant`` computes each
+        request's jobs on their own, so its tokens never depend on what it was batched with.
         """
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
@@ -87,6 +89,7 @@ class Engine:
             cache_fraction=cache_fraction,
             device=device,
             store=store,  # type: ignore[arg-type]
+            batch_invariant=batch_invariant,
         )
         config = torch_backend.model.config
         runtime = Runtime(

@@ -38,6 +38,7 @@ def generate(
     record_trace: str | Path | None = None,
     on_text: Callable[[str], None] | None = None,
     timeline: str | Path | None = None,
+    batch_invariant: bool = False,
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
@@ -58,6 +59,7 @@ def generate(
             step_barrier=step_barrier,
             record_selections=bool(record_trace),
             keep_records=timeline is not None,
+            batch_invariant=batch_invariant,
         )
         async with engine:
             ids = engine.encode(prompt)

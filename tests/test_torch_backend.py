@@ -126,3 +126,33 @@ def test_prompts_in_chunks_and_waves_give_the_same_tokens(model, chunk: int) -> 
     tokens, _, runtime = run(path, "runahead", requests=8, slots=6, barrier=False, chunk=chunk)
     assert tokens == {i: expected[i] for i in range(8)}
     assert max(record.size for record in runtime.recorder.computes) >= 2
+
+
+def test_batch_invariant_mode_gives_bit_identical_logits_under_every_schedule(model) -> None:  # type: ignore[no-untyped-def]
+    path, _ = model
+    seen = {}
+    for policy in ("sync", "runahead", "runahead/grouping=static:1:1:1:1:1"):
+        backend = TorchBackend.open(str(path), cache_slots=10, keep_logits=True, batch_invariant=True)
+        runtime = Runtime(backend, RuntimeConfig(cache_slots=10, policy=policy, prefill_chunk=1))
+        specs = [
+            RequestSpec(i, 12, prompt=tuple(PROMPTS[i]), sampling=SamplingParams(max_tokens=12))
+            for i in range(5)
+        ]
+        logits: dict[int, torch.Tensor] = {}
+        original_close = backend.close_request
+
+        def keep(request: int, backend=backend, original_close=original_close, logits=logits) -> None:  # type: ignore[no-untyped-def]
+            if request in backend._requests:
+                logits[request] = torch.stack(backend.logits_of(request))
+            original_close(request)
+
+        backend.close_request = keep  # type: ignore[method-assign]
+        try:
+            asyncio.run(runtime.run(specs))
+        finally:
+            backend.close()
+        seen[policy] = logits
+    first, *others = seen.values()
+    for other in others:
+        for request in range(5):
+            assert torch.equal(first[request], other[request])  # bit for bit, not just close

@@ -53,17 +53,23 @@ class TorchBackend:
         *,
         speculate: bool = True,
         keep_logits: bool = False,
+        batch_invariant: bool = False,
     ) -> None:
         """``model``: a :class:`runahead.models.base.MoEModel`; ``store``: an ExpertStore;
         ``slots``: the SlotPool the runtime's cache slots index. ``speculate`` also applies the
         following layer's gate to each hidden state (the prefetch-gate baselines use it);
-        ``keep_logits`` keeps every sampled step's logits (tests compare them).
+        ``keep_logits`` keeps every sampled step's logits (tests compare them);
+        ``batch_invariant`` computes each job of a group on its own, so a request's arithmetic, and
+        with it its tokens, does not depend on what the schedule batched it with (slower: shared
+        weights are read once per job). Matrix products round differently for different numbers
+        of rows, and top-k routing can turn a last-bit difference into a different expert.
         """
         self.model = model
         self.store = store
         self.slots = slots
         self.speculate = speculate
         self.keep_logits = keep_logits
+        self.batch_invariant = batch_invariant
         config = model.config
         self.num_layers: int = config.num_layers
         self.experts_per_job: int = config.top_k
@@ -158,6 +164,11 @@ class TorchBackend:
     @torch.inference_mode()
     def _compute(self, group: Group) -> list[JobResult]:
         """One backend call: every job of the group as one batch of rows (a job has one row per token)."""
+        if self.batch_invariant and len(group.jobs) > 1:
+            return [r for job in group.jobs for r in self._compute_batch(Group(group.layer, (job,)))]
+        return self._compute_batch(group)
+
+    def _compute_batch(self, group: Group) -> list[JobResult]:
         model, layer, jobs = self.model, group.layer, group.jobs
         states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
