@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from runahead.eviction import make_eviction
+from runahead.eviction import EvictionPolicy, make_eviction
 from runahead.jobs import ExpertKey
 from runahead.specs import ModelSpec
 
@@ -479,18 +479,34 @@ def cache_hold_fraction(trace: RoutingTrace, cache_fraction: float, eviction: st
                 policy.touch(key)
                 if key in resident:
                     held += 1
-            for key in in_use:
-                if key in resident:
-                    policy.remove(key)
-                    continue
-                if len(resident) >= capacity:
-                    victim = policy.pop_victim()
-                    assert victim is not None, "capacity check guarantees an evictable entry"
-                    resident.discard(victim)
-                resident.add(key)
-            for key in in_use:
-                policy.add(key)
+            use_in_replay(policy, resident, capacity, in_use)
     return held / needed
+
+
+def use_in_replay(
+    policy: EvictionPolicy, resident: set[Hashable], capacity: int, keys: Iterable[Hashable]
+) -> list[Hashable]:
+    """One layer's use of ``keys`` in a replayed cache of ``capacity`` entries; returns the evicted.
+
+    The keys are in use (not evictable) while they are brought in; absent ones are inserted,
+    evicting the policy's victims; afterwards all become eviction candidates again. Callers
+    ``touch`` the keys themselves (they count uses differently).
+    """
+    keys = list(keys)
+    evicted = []
+    for key in keys:
+        if key in resident:
+            policy.remove(key)
+            continue
+        if len(resident) >= capacity:
+            victim = policy.pop_victim()
+            assert victim is not None, "capacity >= the keys in use leaves an evictable entry"
+            resident.discard(victim)
+            evicted.append(victim)
+        resident.add(key)
+    for key in keys:
+        policy.add(key)
+    return evicted
 
 
 def replay_fetches(

@@ -29,7 +29,7 @@ import numpy as np
 from runahead.eviction import make_eviction
 from runahead.paper.settings import PrecisionPoint
 from runahead.specs import load_model_spec
-from runahead.trace import RoutingTrace, default_trace
+from runahead.trace import RoutingTrace, default_trace, use_in_replay
 
 
 def replay_precision(
@@ -90,19 +90,9 @@ def replay_precision(
                 keys = [(layer, e) for e in needed]
                 for key in keys:
                     policy.touch(key)
-                for key in keys:
-                    if key in resident:
-                        policy.remove(key)
-                        continue
-                    if len(resident) >= capacity:
-                        victim = policy.pop_victim()
-                        assert victim is not None, "capacity >= top_k leaves an evictable entry"
-                        resident.discard(victim)
-                        per_layer[victim[0]] -= 1  # type: ignore[index]
-                    resident.add(key)
-                    per_layer[layer] += 1
-                for key in keys:
-                    policy.add(key)
+                per_layer[layer] += sum(1 for key in keys if key not in resident)
+                for victim in use_in_replay(policy, resident, capacity, keys):
+                    per_layer[victim[0]] -= 1  # type: ignore[index]
     return {
         "prefetched": prefetched,
         "useful": useful,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from runahead.bench import BenchPoint
+from runahead.bench import BenchPoint, sweep
 
 BASELINES = ("sync", "prefetch-gate", "prefetch-history", "runahead")
 """llama.cpp + LFU, SpecMD (gate prefetch), FineMoE (history prefetch), Bevy."""
@@ -139,23 +139,20 @@ def _points(
     barriers: tuple[bool, ...] = (True,),
 ) -> list[BenchPoint]:
     return [
-        BenchPoint(
+        point
+        for profile, model, workload in itertools.product(s.profiles, s.models, workloads)
+        for point in sweep(
             model,
             profile,
-            policy,
-            concurrency,
-            fraction,
+            policies,
+            concurrencies,
+            fractions,
             s.steps,
-            workload,
-            s.seed,
-            barrier,
-            "lfu",
-            s.warmup_steps,
-            False,
-            s.prefill_chunk,
-        )
-        for profile, model, workload, concurrency, fraction, barrier, policy in itertools.product(
-            s.profiles, s.models, workloads, concurrencies, fractions, barriers, policies
+            workload=workload,
+            seed=s.seed,
+            barriers=barriers,
+            warmup_steps=s.warmup_steps,
+            prefill_chunk=s.prefill_chunk,
         )
     ]
 
