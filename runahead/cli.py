@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -134,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", default="runahead")
     serve.add_argument("--cache-fraction", type=float, default=0.3)
     serve.add_argument("--store", default="disk", choices=["disk", "host"])
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("RUNAHEAD_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every request but /health (default: $RUNAHEAD_API_KEY)",
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413 (default 8 MiB)"
+    )
     serve.add_argument("--log-json", action="store_true", help="JSON log lines instead of the console format")
     serve.add_argument("--log-level", default="info")
 
@@ -228,10 +237,14 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
-    from runahead.server import serve
+    from runahead.server import ServerConfig, serve
     from runahead.torchbench import resolve_model
 
     _check_serving_options(args)
+    try:
+        config = ServerConfig(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    except ValueError as error:
+        raise SystemExit(f"runahead serve: {error}") from None
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
         asyncio.run(
             serve(
@@ -241,6 +254,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 model_name=args.model_name,
                 log_json=args.log_json,
                 log_level=args.log_level,
+                config=config,
                 backend=args.backend,
                 device=args.device,
                 policy=args.policy,

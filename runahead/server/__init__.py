@@ -5,7 +5,8 @@
     asyncio.run(serve("path/to/model", port=8000, device="cuda", cache_fraction=0.3))
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(both with ``stream``), ``GET /metrics`` (Prometheus text). The server imports the engine; the
+(both with ``stream``), ``GET /metrics`` (Prometheus text), ``GET /openapi.json``. The server
+imports the engine; the
 engine never imports the server.
 """
 
@@ -15,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runahead.server.app import create_app
+from runahead.server.config import ServerConfig
 from runahead.server.logs import configure_logging
 
 if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp
 
-__all__ = ["build_server", "configure_logging", "create_app", "serve"]
+__all__ = ["ServerConfig", "build_server", "configure_logging", "create_app", "serve"]
 
 GRACEFUL_SHUTDOWN_S = 10
 """How long a shutdown waits for open answers before cancelling them."""
@@ -53,11 +55,13 @@ async def serve(
     model_name: str | None = None,
     log_json: bool = False,
     log_level: str = "info",
+    config: ServerConfig | None = None,
     **engine_options: Any,
 ) -> None:
     """Open the model, serve it until uvicorn is told to stop (SIGINT/SIGTERM), then close it.
 
     ``model_name`` (default: the folder's name) is what clients pass as ``model``;
+    ``config`` says what the server enforces (API key, body size, time limit);
     ``engine_options`` go to :meth:`Engine.open` (``device``, ``cache_fraction``, ``policy``, ...).
     """
     from runahead.engine import Engine
@@ -66,7 +70,7 @@ async def serve(
     engine = await Engine.open(model_path, **engine_options)
     try:
         name = model_name or Path(model_path).resolve().name
-        app = create_app(engine, name, close_engine=True)
+        app = create_app(engine, name, close_engine=True, config=config)
         await build_server(app, host=host, port=port, log_level=log_level).serve()
     finally:
         await engine.close()  # no-op when the app's shutdown closed it

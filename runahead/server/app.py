@@ -22,6 +22,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from runahead.server import protocol
+from runahead.server.access import APIKeyCheck, read_body
+from runahead.server.config import ServerConfig
 from runahead.server.errors import APIError
 from runahead.server.generation import ChatShape, CompletionShape, ResponseShape, Tally, collect, sse_events
 from runahead.server.logs import CLIENT_CLOSED, AccessLog
@@ -57,9 +59,10 @@ class EventStream(StreamingResponse):
 class OpenAIRoutes:
     """The request handlers, bound to one engine and the one model name it serves."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, config: ServerConfig) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.config = config
         eos = getattr(engine.tokenizer, "eos_token_id", None)
         self.eos = frozenset([eos] if isinstance(eos, int) else [])
 
@@ -77,7 +80,7 @@ class OpenAIRoutes:
         return await self._generate(request, protocol.chat_request, ChatShape(self.model_name))
 
     async def _generate(self, request: Request, parse: Parser, shape: ResponseShape) -> Response:
-        data = protocol.parse_body(await request.body())
+        data = protocol.parse_body(await read_body(request, self.config.max_body_bytes))
         protocol.check_model(data, self.model_name)
         job = parse(data, self.engine, self.eos)
         tally = Tally(prompt_tokens=len(job.prompt_ids))
@@ -130,12 +133,15 @@ async def _server_error(request: Request, error: Exception) -> Response:
     return APIError(f"internal error: {error!r}", status=500, kind="server_error").response()
 
 
-def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -> Starlette:
-    """The ASGI app serving ``engine`` as ``model_name``; ``close_engine`` closes it on shutdown."""
-    api = OpenAIRoutes(engine, model_name)
+def create_app(
+    engine: Engine, model_name: str, *, close_engine: bool = False, config: ServerConfig | None = None
+) -> Starlette:
+    """The ASGI app serving ``engine`` as ``model_name``; ``close_engine`` closes it on shutdown;
+    ``config`` says what the server enforces (API key, body size, time limit)."""
+    config = config or ServerConfig()
+    api = OpenAIRoutes(engine, model_name, config)
     metrics = ServerMetrics(engine)
-
-    document = openapi_document(model_name)
+    document = openapi_document(model_name, api_key=config.api_key is not None)
 
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -161,9 +167,12 @@ def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -
                 await engine.close()
                 log.info("engine closed")
 
+    middleware = [Middleware(AccessLog, metrics=metrics, endpoints=[r.path for r in routes])]
+    if config.api_key is not None:
+        middleware.append(Middleware(APIKeyCheck, api_key=config.api_key))
     return Starlette(
         routes=routes,
-        middleware=[Middleware(AccessLog, metrics=metrics, endpoints=[r.path for r in routes])],
+        middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )
