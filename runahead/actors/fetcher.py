@@ -71,7 +71,7 @@ class ExpertFetcher:
 
     def _pick(self) -> tuple[ExpertKey, int, bool] | None:
         """The next read to start, its reserved slot, and whether it is a prefetch."""
-        key = self.demand.select()
+        key = self.demand.select(self.cache)
         prefetch = key is None
         if key is None:
             key = self.hints.select(self.cache)

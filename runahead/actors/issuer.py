@@ -196,6 +196,13 @@ class JobIssuer:
         self._cancelled.add(request)
         blocked = self._blocked.pop(request, None)
         if blocked is not None:
-            self.cache.unpin_all(blocked[0].keys)
+            job = blocked[0]
+            self.cache.unpin_all(job.keys)
+            for key in job.keys:  # the job no longer waits on its missing experts
+                waiters = [w for w in self._waiters.get(key, ()) if w is not job]
+                if waiters:
+                    self._waiters[key] = waiters
+                else:
+                    self._waiters.pop(key, None)
         self.fetcher.put_nowait(Forget(request))
         self.scheduler.put_nowait(Cancel(request))
