@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import Backend
+from runahead.backend import Backend, CacheWatcher
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ExpertKey, RequestSpec
@@ -122,6 +122,8 @@ class Runtime:
         self.config = config
         self.clock = clock or Clock()
         self.cache = ExpertCache(config.cache_slots, config.eviction)
+        if isinstance(backend, CacheWatcher):
+            backend.watch(self.cache)
         self.recorder = Recorder(record_selections=config.record_selections, keep_records=config.keep_records)
         self.handles: dict[int, RequestHandle] = {}
         self._task_group: asyncio.TaskGroup | None = None

@@ -1,12 +1,14 @@
 """A failure in any actor surfaces as an error from the run; nothing hangs."""
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
 from runahead.backends.sim import FixedCosts, SimBackend
+from runahead.cache import ExpertCache
 from runahead.clock import SimulationStalled, run_virtual
-from runahead.jobs import RequestSpec
+from runahead.jobs import ExpertKey, RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
 
 from simhelpers import random_trace
@@ -80,3 +82,26 @@ def test_duplicate_request_ids_are_refused() -> None:
 def test_bad_request_values_are_named() -> None:
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         RequestSpec(0, max_tokens=0)
+
+
+def test_the_sim_refuses_a_job_computed_before_its_experts_landed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken issuer that calls every expert resident is caught at the compute, not trusted."""
+    monkeypatch.setattr(ExpertCache, "pin_all", lambda self, keys: ())
+    with pytest.raises(RuntimeError, match=r"computed before expert ExpertKey\(.*\) was ready"):
+        run(SimBackend(TRACE, COSTS))
+
+
+def test_the_sim_refuses_a_job_whose_experts_are_not_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broken issuer that drops a job's pins on resident experts: they could be evicted mid-compute."""
+    pin_all = ExpertCache.pin_all
+
+    def pin_then_drop(self: ExpertCache, keys: Sequence[ExpertKey]) -> tuple[ExpertKey, ...]:
+        missing = pin_all(self, keys)
+        for key in keys:
+            if key not in missing:
+                self.unpin(key)
+        return missing
+
+    monkeypatch.setattr(ExpertCache, "pin_all", pin_then_drop)
+    with pytest.raises(RuntimeError, match=r"was ready \(cache state resident, pins 0\)"):
+        run(SimBackend(TRACE, COSTS))
