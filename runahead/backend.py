@@ -48,6 +48,11 @@ class Backend(Protocol):
         ...
 
 
+class BrokenPromise(AssertionError):
+    """A backend found that the runtime broke the protocol's promise (a job computed before its
+    experts were resident and pinned). A bug in the runtime: it stops the run, never isolated."""
+
+
 @runtime_checkable
 class CacheWatcher(Protocol):
     """A backend that checks the runtime keeps the cache's promises (the sim does, for the tests).

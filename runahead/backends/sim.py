@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from runahead.backend import BrokenPromise
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
@@ -155,7 +156,9 @@ class SimBackend:
         held = self._check_experts(group)
         await self.clock.sleep(0.0 if self.zero_cost else self._duration(group, states))
         if held is not None and any(self._slots.get(slot) != content for slot, content in held.items()):
-            raise RuntimeError(f"an expert of the group at layer {group.layer} was evicted while it computed")
+            raise BrokenPromise(
+                f"an expert of the group at layer {group.layer} was evicted while it computed"
+            )
         results = []
         last = self.num_layers - 1
         for job, state in zip(group.jobs, states, strict=True):
@@ -195,7 +198,7 @@ class SimBackend:
             for key in job.keys:
                 if not cache.is_resident(key) or cache.refcount(key) < 1:
                     state = cache.state(key)
-                    raise RuntimeError(
+                    raise BrokenPromise(
                         f"request {job.request}'s job at layer {job.layer} was computed before expert "
                         f"{key} was ready (cache state {None if state is None else state.value}, "
                         f"pins {cache.refcount(key)})"
@@ -203,7 +206,7 @@ class SimBackend:
                 slot = cache.slot_of(key)
                 content = self._slots.get(slot)
                 if content is not None and content != (key, True):
-                    raise RuntimeError(
+                    raise BrokenPromise(
                         f"request {job.request}'s job at layer {job.layer} was computed with slot {slot} "
                         f"holding {content[0]} ({'landed' if content[1] else 'still being read'}), "
                         f"not {key}"
