@@ -272,6 +272,13 @@ class Runtime:
         if self._issuer_inbox is not None and handle is not None and not handle.done():
             self._issuer_inbox.put_nowait(Cancel(request))
 
+    def fail(self, request: int, error: str) -> None:
+        """End a request now with ``error`` (its ``result()`` raises it) and cancel it in the actors."""
+        handle = self.handles.get(request)
+        if handle is not None and not handle.done():
+            self.cancel(request)
+            handle._fail(RequestFailed(f"request {request} failed: {error}"))
+
     # -- TokenSink (called by the actors) ------------------------------------------------------
 
     def token(self, request: int, step: int, token: int, time: float) -> None:
