@@ -45,7 +45,7 @@ def test_hadolint_passes(dockerfile: Path) -> None:
 def test_image_serves_as_non_root_with_a_health_check(dockerfile: Path) -> None:
     text = dockerfile.read_text()
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
-    assert users and not users[-1].split(":")[0] in ("root", "0")
+    assert users and users[-1].split(":")[0] not in ("root", "0")
     assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M)
     assert re.search(r"^EXPOSE 8000$", text, re.M)
     assert re.search(r'^VOLUME \["/model"\]$', text, re.M)
