@@ -11,6 +11,10 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA, float32 on CPU)."""
+
+
 def _list(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
     def parse(text: str) -> list[T]:
         try:
@@ -80,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", default="disk", choices=["disk", "host"], help="torch: where experts come from"
     )
     bench.add_argument("--device", default="cpu", help="torch: cpu or cuda")
+    bench.add_argument("--dtype", default="float32", choices=DTYPES, help="torch: compute and cache dtype")
     bench.add_argument("--profile", default="thor", help="hardware profile name or TOML path")
     bench.add_argument(
         "--policy", type=_policies, default=["sync", "prefetch-gate", "prefetch-history", "runahead"]
@@ -131,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", help="the name clients ask for (default: the folder's name)")
     serve.add_argument("--backend", default="torch", choices=["torch"])
     serve.add_argument("--device", default="cpu")
+    serve.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
     serve.add_argument("--policy", default="runahead")
     serve.add_argument("--cache-fraction", type=float, default=0.3)
     serve.add_argument("--store", default="disk", choices=["disk", "host"])
@@ -152,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--policy", default="runahead")
     gen.add_argument("--backend", default="torch", choices=["torch"])
     gen.add_argument("--device", default="cpu")
+    gen.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA, else float32")
     gen.add_argument("--store", default="disk", choices=["disk", "host"])
     gen.add_argument("--cache-fraction", type=float, default=0.3)
     gen.add_argument("--concurrency", type=int, default=1, help="copies of the prompt run at once")
@@ -192,6 +199,7 @@ def run_generate(args: argparse.Namespace) -> int:
         sampling,
         policy=args.policy,
         device=args.device,
+        dtype=args.dtype,
         store=args.store,
         cache_fraction=args.cache_fraction,
         concurrency=args.concurrency,
@@ -243,6 +251,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 log_level=args.log_level,
                 backend=args.backend,
                 device=args.device,
+                dtype=args.dtype,
                 policy=args.policy,
                 cache_fraction=args.cache_fraction,
                 store=args.store,
@@ -329,6 +338,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.eviction,
             args.warmup_steps,
             args.seed,
+            dtype=args.dtype,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

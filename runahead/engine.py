@@ -86,12 +86,14 @@ class Engine:
         record_selections: bool = False,
         keep_records: bool = False,
         batch_invariant: bool = False,
+        dtype: str = "auto",
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with.
+        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA, float32 on CPU).
         """
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
@@ -104,6 +106,7 @@ class Engine:
             device=device,
             store=store,  # type: ignore[arg-type]
             batch_invariant=batch_invariant,
+            dtype=dtype,
         )
         config = torch_backend.model.config
         runtime = Runtime(

@@ -31,6 +31,7 @@ def generate(
     *,
     policy: str = "runahead",
     device: str = "cpu",
+    dtype: str = "auto",
     store: str = "disk",
     cache_fraction: float = 0.3,
     concurrency: int = 1,
@@ -53,6 +54,7 @@ def generate(
         engine = await Engine.open(
             model,
             device=device,
+            dtype=dtype,
             store=store,
             cache_fraction=cache_fraction,
             policy=policy,

@@ -14,7 +14,7 @@ few hooks (:meth:`MoEModel.project_qkv`, :meth:`MoEModel.shared_expert`) for wha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -427,24 +427,29 @@ class MoEModel:
         weights: Tensor,
         experts: Mapping[int, Tensor],
         out: Tensor | None = None,
+        routing: Mapping[int, tuple[Tensor, Tensor]] | None = None,
     ) -> Tensor:
         """Add the routed-expert contributions of just the ``experts`` given to ``out`` (zeros if None).
 
         The expert-compute seam. A job whose experts do not all fit in the cache at once (a prefill
-        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`.
+        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`. ``routing`` maps
+        each expert to compute to its ``(rows, k positions)`` in ``ids`` as index tensors on the
+        model's device; a backend that holds the routing on the host passes it so the MoE needs no
+        device-to-host read (``ids`` is then not read). Without it the rows are found from ``ids``.
         """
         c = self.config
         x = rms_norm(hidden, self.weights[f"{layer}.post_norm"], c.rms_norm_eps)
         if out is None:
             out = torch.zeros_like(x)
+        if routing is None:
+            routing = rows_per_expert(ids, experts)
         block = c.intermediate_size * c.hidden_size
-        routed = set(torch.unique(ids).tolist())
-        for expert in sorted(set(experts) & routed):
+        for expert in sorted(routing):
             slot = experts[expert].to(x.dtype)
             gate = slot[:block].view(c.intermediate_size, c.hidden_size)
             up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
             down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
-            rows, kpos = torch.where(ids == expert)
+            rows, kpos = routing[expert]
             y = _swiglu(x[rows], gate, up, down) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
         return out
@@ -480,6 +485,19 @@ class MoEModel:
         if window is not None:
             allowed &= k_pos > q_pos - window
         return allowed
+
+
+def rows_per_expert(ids: Tensor, experts: Collection[int]) -> dict[int, tuple[Tensor, Tensor]]:
+    """For each of ``experts`` that ``ids`` ``[T, k]`` routes to: its ``(rows, k positions)`` in ``ids``.
+
+    Reads ``ids`` on the host (a device sync on CUDA); entries of -1 route nowhere.
+    """
+    routed = set(torch.unique(ids).tolist())
+    found = {}
+    for e in sorted(set(experts) & routed):
+        rows, kpos = torch.where(ids == e)
+        found[int(e)] = (rows, kpos)
+    return found
 
 
 def _swiglu(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
