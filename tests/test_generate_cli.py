@@ -75,17 +75,18 @@ def test_sampling_with_a_seed_is_reproducible(model: Path, capsys: pytest.Captur
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--temperature", "-1"], "temperature must lie in"),
-        (["--top-p", "0"], "top_p must lie in"),
-        (["--cache-fraction", "1.5"], "cache fraction must lie in"),
+        (["--temperature", "-1"], "argument --temperature: must be in [0.0, 100.0], got -1.0"),
+        (["--top-p", "0"], "argument --top-p: must be in (0.0, 1.0], got 0.0"),
+        (["--cache-fraction", "1.5"], "argument --cache-fraction: must be in (0.0, 1.0], got 1.5"),
         (["--policy", "fastest"], "unknown policy 'fastest'"),
     ],
 )
 def test_bad_generate_arguments_are_named(
     model: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit:
         main(["generate", str(model), "--prompt-ids", "5", *extra])
+    assert exit.value.code == 2
     assert message in capsys.readouterr().err
 
 
