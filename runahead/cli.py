@@ -107,6 +107,9 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         help="'paper': regenerate the paper's figures on the sim (PNG + JSONL per figure) into --out",
     )
     bench.add_argument("--quick", action="store_true", help="paper: the short version (under 3 minutes)")
+    bench.add_argument(
+        "--tiny", action="store_true", help="paper: a check that it runs (seconds; the tests')"
+    )
     bench.add_argument("--workers", type=a.integer(1), default=2, help="paper: parallel worker processes")
     bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
     bench.add_argument(
@@ -345,7 +348,12 @@ def run_paper_command(args: argparse.Namespace) -> int:
                 )
 
         written = run_paper(
-            args.out, quick=args.quick, workers=args.workers, resume=not args.no_resume, progress=report
+            args.out,
+            quick=args.quick,
+            tiny=args.tiny,
+            workers=args.workers,
+            resume=not args.no_resume,
+            progress=report,
         )
     print(f"wrote {len(written)} files into {args.out}")
     return 0
