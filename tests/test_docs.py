@@ -7,8 +7,9 @@ as ``--out results/`` land there) with the model cache in a temporary folder:
 * ``runahead ...`` runs in this process through :func:`runahead.cli.main` (exit status 0 expected),
   shortened: ``--steps`` 2, ``--warmup-steps`` 1, ``--tokens`` 2, ``--max-tokens`` at most 8, one
   ``--concurrency`` (at most 4) and one ``--cache-fraction``, ``medium`` -> ``small``, ``demo`` with
-  one repeat; ``runahead serve`` starts a real server in a subprocess on a free port (the python
-  blocks after it talk to that port) that stops when the file is done;
+  one repeat, torch benches with two policies (and ``max_tokens`` at most 8 in python blocks);
+  ``runahead serve`` starts a real server in a subprocess on a free port (the python blocks after it
+  talk to that port) that stops when the file is done;
 * ``bench paper`` and the ``bench/*.sh`` scripts (minutes to hours) are parsed, not run: their
   ``runahead`` lines must be accepted by the parser (``tests/test_paper.py`` runs the paper's
   figures in their tiny form);
@@ -81,6 +82,11 @@ def shorten(argv: list[str]) -> list[str]:
             out[i + 1] = "small"
     if out[:1] == ["demo"]:
         out += ["--concurrency", "2", "--tokens", "2", "--repeats", "1"]
+    if out[:1] == ["bench"] and "torch" in out:  # each point loads the model: two policies, not four
+        policies = (
+            out[out.index("--policy") + 1].split(",")[:2] if "--policy" in out else ["sync", "runahead"]
+        )
+        out += ["--policy", ",".join(policies)]
     return out
 
 
@@ -99,6 +105,7 @@ class DocRunner:
 
     def python(self, block: Block) -> None:
         source = block.text.replace("127.0.0.1:8000", f"127.0.0.1:{self.port}")
+        source = re.sub(r"max_tokens=(\d+)", lambda m: f"max_tokens={min(int(m.group(1)), 8)}", source)
         code = compile(source, f"{block.path.name}:{block.line}", "exec")
         exec(code, {"__name__": "__main__"})
 
