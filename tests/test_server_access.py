@@ -124,4 +124,5 @@ def test_serve_refuses_an_empty_key(tmp_path: Path, capsys: pytest.CaptureFixtur
 
     with pytest.raises(SystemExit) as stopped:
         main(["serve", str(tmp_path), "--api-key", ""])
-    assert "api_key must not be empty" in str(stopped.value)
+    assert stopped.value.code == 2
+    assert "runahead serve: error: api_key must not be empty" in capsys.readouterr().err
