@@ -25,11 +25,12 @@ from runahead.server import protocol
 from runahead.server.access import APIKeyCheck, read_body
 from runahead.server.config import ServerConfig
 from runahead.server.errors import APIError
-from runahead.server.generation import ChatShape, CompletionShape, ResponseShape, Tally, collect, sse_events
+from runahead.server.generation import Tally, collect_all, sse_events
 from runahead.server.logs import CLIENT_CLOSED, AccessLog
 from runahead.server.metrics import CONTENT_TYPE, ServerMetrics
 from runahead.server.openapi import openapi_document
 from runahead.server.responses import Health, ModelCard, ModelList
+from runahead.server.shapes import ChatShape, CompletionShape, ResponseShape
 
 if TYPE_CHECKING:
     from runahead.engine import Engine
@@ -74,29 +75,29 @@ class OpenAIRoutes:
         return JSONResponse(ModelList(object="list", data=[model]).dump())
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, protocol.completion_request, CompletionShape(self.model_name))
+        return await self._generate(request, protocol.completion_request, CompletionShape)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, protocol.chat_request, ChatShape(self.model_name))
+        return await self._generate(request, protocol.chat_request, ChatShape)
 
-    async def _generate(self, request: Request, parse: Parser, shape: ResponseShape) -> Response:
+    async def _generate(self, request: Request, parse: Parser, kind: type[ResponseShape]) -> Response:
         data = protocol.parse_body(await read_body(request, self.config.max_body_bytes))
         protocol.check_model(data, self.model_name)
         job = parse(data, self.engine, self.eos)
-        tally = Tally(prompt_tokens=len(job.prompt_ids))
+        shape = kind(self.model_name, logprobs=job.logprobs is not None)
+        tally = Tally(prompt_tokens=job.prompt_tokens)
         request.state.tally = tally
         if job.stream:
             return EventStream(sse_events(self.engine, job, shape, tally))
         try:
-            done = await until_disconnected(request, collect(self.engine, job, tally))
+            done = await until_disconnected(request, collect_all(self.engine, job, tally))
         except ValueError as error:  # the engine's own checks, should ours miss one
             raise APIError(str(error)) from None
         except RuntimeError as error:  # a closed or failed engine
             raise APIError(str(error), status=503, kind="server_error") from None
         if done is None:
             return Response(status_code=CLIENT_CLOSED)
-        text, finish_reason = done
-        return JSONResponse(shape.response(text, finish_reason, tally))
+        return JSONResponse(shape.response(done, tally))
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
