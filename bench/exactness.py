@@ -28,8 +28,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    rows = []
-    with tempfile.TemporaryDirectory() as scratch:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch, args.out.open("w") as sink:
         for arch in ARCHS:
             path = build_tiny_model(arch, Path(scratch) / arch)
             for name in args.dtype.split(","):
@@ -37,7 +37,8 @@ def main() -> None:
                     path, device=args.device, dtype=getattr(torch, name), tokens=args.tokens
                 )
                 row = {"arch": arch, "device": args.device, "dtype": name, **found}
-                rows.append(row)
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()  # rows so far survive a time limit
                 print(
                     f"{arch:<10} {name:<9} tokens equal: {row['tokens_equal']!s:<5} "
                     f"first divergence: {row['first_divergence']!s:<4} "
@@ -45,8 +46,6 @@ def main() -> None:
                     f"transformers {name} {row['reference_error']:.2e}",
                     flush=True,
                 )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 if __name__ == "__main__":
