@@ -412,7 +412,8 @@ class MoEModel:
         """Causal (windowed, if the layer slides) attention of each run over its own KV, then the output."""
         q, k, v = self.project_qkv(layer, x)
         positions = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in segments])
-        q, k = self._rope(q, positions), self._rope(k, positions)
+        inv_freq = self.rope_frequencies(layer)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
         window = self.config.window(layer)
         outputs, row = [], 0
         for state, start, n in segments:
@@ -483,7 +484,7 @@ class MoEModel:
         chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`.
         """
         c = self.config
-        x = self.norm(hidden, f"{layer}.post_norm")
+        x = self.expert_input(layer, hidden)
         if out is None:
             out = torch.zeros_like(x)
         block = c.intermediate_size * c.hidden_size
@@ -494,9 +495,17 @@ class MoEModel:
             up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
             down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
             rows, kpos = torch.where(ids == expert)
-            y = _swiglu(x[rows], gate, up, down) * weights[rows, kpos, None]
+            y = self.expert(x[rows], gate, up, down) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
         return out
+
+    def expert_input(self, layer: int, hidden: Tensor) -> Tensor:
+        """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""
+        return self.norm(hidden, f"{layer}.post_norm")
+
+    def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+        """One expert (or dense MLP) on rows ``x``: ``down(act(gate(x)) * up(x))``, SiLU unless overridden."""
+        return _swiglu(x, gate, up, down)
 
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
@@ -512,16 +521,21 @@ class MoEModel:
         x = self.norm(hidden, "norm")
         return F.linear(x, self.weights["lm_head"])
 
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotary embedding of ``x [T, heads, head_dim]``; only the first ``rotary_dim`` dims rotate."""
-        freqs = positions[:, None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
-        rotary = emb.shape[-1]
-        if rotary == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
-        turned, kept = x[..., :rotary], x[..., rotary:]
-        return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
+    def rope_frequencies(self, layer: int) -> Tensor:
+        """RoPE inverse frequencies of ``layer`` (one per rotated pair of dims; zeros leave a pair as is)."""
+        return self.inv_freq
+
+
+def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
+    """Rotary embedding of ``x [T, heads, head_dim]``; only the first ``2 * len(inv_freq)`` dims rotate."""
+    freqs = positions[:, None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
+    rotary = emb.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned, kept = x[..., :rotary], x[..., rotary:]
+    return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
 
 
 def _mask(
