@@ -25,11 +25,10 @@ from runahead.models.state import KVLayer, RecurrentLayer, RequestState
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
-from modelhelpers import build_tiny_model, reference_logits, run_jobs
+from modelhelpers import PAPER_ARCHS, build_tiny_model, reference_logits, run_jobs
 
 PROMPTS = [[5, 17, 42, 9, 8, 7, 6], [3, 99, 7], [120, 4, 4, 66, 8, 31], [200]]
 TOKENS = 12
-PAPER_ARCHS = ["qwen3_5_moe", "gemma4"]
 
 
 @pytest.fixture(scope="module", params=PAPER_ARCHS)
@@ -148,6 +147,14 @@ def _hub_spelling(folder: Path, out: Path, arch: str) -> Path:
         text["global_head_dim"] = override["head_dim"]
         text["num_global_key_value_heads"] = override["num_key_value_heads"]
         text["hidden_act"] = "gelu_pytorch_tanh"
+    if arch == "gpt_oss":  # no wrapper on the hub, but the older keys
+        text["rope_scaling"] = text.pop("rope_parameters")
+        text["experts_per_token"] = text.pop("num_experts_per_tok")
+        (out / "config.json").write_text(
+            json.dumps({**text, "tie_word_embeddings": config["tie_word_embeddings"]})
+        )
+        (out / "model.safetensors").symlink_to(folder / "model.safetensors")
+        return out
     wrapper = {
         "architectures": [
             {"qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}.get(arch, "Gemma4ForConditionalGeneration")
@@ -217,3 +224,55 @@ def test_sliding_window_keeps_only_what_later_queries_see(tmp_path: Path) -> Non
     for layer in state.layers:
         assert isinstance(layer, KVLayer) and layer.length == 30
         assert layer.stored <= 2 * 6 and layer.first >= 30 - 2 * 6  # bounded by the window, not the length
+
+
+def _rewrite(folder: Path, out: Path, change: Any) -> Path:
+    """A copy of ``folder`` whose tensors ``change(tensors)`` edits in place."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(out / "model.safetensors")
+    change(tensors)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_mxfp4_experts_are_refused_naming_the_tensor(tmp_path: Path) -> None:
+    from runahead.models.base import ModelLoadError
+
+    folder = build_tiny_model("gpt_oss", tmp_path / "m")
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+
+    def quantize(tensors: dict[str, torch.Tensor]) -> None:  # the hub's layout: 16 bytes per 32 weights
+        experts, hidden, width = tensors.pop(name).shape
+        tensors[name + "_blocks"] = torch.zeros(experts, width, hidden // 32 + 1, 16, dtype=torch.uint8)
+        tensors[name + "_scales"] = torch.zeros(experts, width, hidden // 32 + 1, dtype=torch.uint8)
+
+    path = _rewrite(folder, tmp_path / "mxfp4", quantize)
+    with pytest.raises(
+        ModelLoadError, match=f"tensor {name}_blocks: MXFP4-quantized experts are not supported"
+    ):
+        load_model(path)
+
+
+@pytest.mark.parametrize(
+    ("arch", "name"),
+    [
+        ("gpt_oss", "model.layers.2.mlp.experts.down_proj_bias"),
+        ("gemma4", "model.layers.1.experts.gate_up_proj"),
+        ("qwen3_5_moe", "model.layers.2.linear_attn.conv1d.weight"),
+    ],
+)
+def test_wrong_shaped_tensor_is_named(arch: str, name: str, tmp_path: Path) -> None:
+    from runahead.models.base import ModelLoadError
+
+    folder = build_tiny_model(arch, tmp_path / "m")
+
+    def shrink(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name][..., :-1].clone()
+
+    path = _rewrite(folder, tmp_path / "bad", shrink)
+    with pytest.raises(ModelLoadError, match=f"tensor {name}: expected shape"):
+        load_model(path)
