@@ -16,6 +16,9 @@ from typing import Any
 
 from runahead import cli_args as a
 
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA, float32 on CPU)."""
+
 MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE: 'small' or 'medium'"
 
 
@@ -125,6 +128,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "--store", default="disk", choices=["disk", "host"], help="torch: where experts are read from"
     )
     bench.add_argument("--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N")
+    bench.add_argument("--dtype", default="float32", choices=DTYPES, help="torch: compute and cache dtype")
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -176,6 +180,12 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="torch", choices=["torch"], help="the compute backend")
     parser.add_argument("--device", type=a.device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="compute and cache dtype (auto: bfloat16 on CUDA, else float32)",
+    )
     parser.add_argument("--policy", type=a.policy, default="runahead", help="scheduling policy spec")
     parser.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     parser.add_argument(
@@ -213,6 +223,7 @@ def run_generate(args: argparse.Namespace) -> int:
         sampling,
         policy=args.policy,
         device=args.device,
+        dtype=args.dtype,
         store=args.store,
         cache_fraction=args.cache_fraction,
         concurrency=args.concurrency,
@@ -264,6 +275,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 log_level=args.log_level,
                 backend=args.backend,
                 device=args.device,
+                dtype=args.dtype,
                 policy=args.policy,
                 cache_fraction=args.cache_fraction,
                 store=args.store,
@@ -381,6 +393,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.eviction,
             args.warmup_steps,
             args.seed,
+            dtype=args.dtype,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

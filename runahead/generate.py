@@ -36,6 +36,7 @@ def generate(
     *,
     policy: str = "runahead",
     device: str = "cpu",
+    dtype: str = "auto",
     store: str = "disk",
     cache_fraction: float = 0.3,
     concurrency: int = 1,
@@ -58,6 +59,7 @@ def generate(
         engine = await Engine.open(
             model,
             device=device,
+            dtype=dtype,
             store=store,
             cache_fraction=cache_fraction,
             policy=policy,

@@ -40,6 +40,7 @@ class TorchPoint:
     seed: int = 0
     queue_depth: int = 2
     preload: bool = False  # read every expert that fits into the cache before the run
+    dtype: str = "float32"  # compute and cache dtype: float32, bfloat16, float16 or auto
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -81,6 +82,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         device=point.device,
         store=point.store,  # type: ignore[arg-type]
         queue_depth=point.queue_depth,
+        dtype=point.dtype,
     )
     config = backend.model.config
     runtime = Runtime(
