@@ -310,6 +310,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.what == "paper":
         return run_paper_command(args)
     if args.backend == "torch":
+        if args.trace is not None:
+            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)

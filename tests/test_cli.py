@@ -64,6 +64,7 @@ def test_defaults_read_as_the_user_types_them() -> None:
             "its static groups hold 6 requests, which does not divide concurrency 4",
         ),
         (["bench", "--trace", "no-such.npz"], "no-such.npz"),
+        (["bench", "--backend", "torch", "--trace", "t.npz"], "--trace replays recorded routing on the sim"),
         (["bench", "paper"], "runahead bench paper needs --out DIR"),
     ],
 )
