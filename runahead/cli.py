@@ -29,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = a.Parser(add_help=False)
     common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log threshold"
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log threshold",
     )
     parser = a.Parser(
         prog="runahead",
