@@ -263,27 +263,31 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
-    from runahead.server import serve
+    from runahead.server import EngineStopped, serve
     from runahead.torchbench import resolve_model
 
     a.check_device(args.device)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
-        asyncio.run(
-            serve(
-                resolve_model(args.model),
-                host=args.host,
-                port=args.port,
-                model_name=args.model_name,
-                log_json=args.log_json,
-                log_level=args.log_level,
-                backend=args.backend,
-                device=args.device,
-                dtype=args.dtype,
-                policy=args.policy,
-                cache_fraction=args.cache_fraction,
-                store=args.store,
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
+            asyncio.run(
+                serve(
+                    resolve_model(args.model),
+                    host=args.host,
+                    port=args.port,
+                    model_name=args.model_name,
+                    log_json=args.log_json,
+                    log_level=args.log_level,
+                    backend=args.backend,
+                    device=args.device,
+                    dtype=args.dtype,
+                    policy=args.policy,
+                    cache_fraction=args.cache_fraction,
+                    store=args.store,
+                )
             )
-        )
+    except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
+        print(f"runahead: {stopped}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -171,7 +171,7 @@ class Engine:
         if self.failure is not None:
             return {**self.runtime.health.report(0.0), "status": "failed", "reason": repr(self.failure)}
         if not self._running:
-            return {"status": "failed", "reason": "the engine is closed"}
+            return {**self.runtime.health.report(0.0), "status": "failed", "reason": "the engine is closed"}
         return self.runtime.health_report()
 
     async def close(self) -> None:
