@@ -450,6 +450,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command; the exit status (2 for a bad argument)."""
+    from runahead.extras import missing_extra
     from runahead.logs import configure_logging
 
     parser = build_parser()
@@ -460,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead {args.command}: error: {error}\n")
     except ModuleNotFoundError as error:
-        hint = a.missing_extra(error)
+        hint = missing_extra(error)
         if hint is None:
             raise
         parser.exit(1, f"runahead {args.command}: error: {hint}\n")
