@@ -29,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = a.Parser(add_help=False)
     common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log threshold"
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log threshold",
     )
     parser = a.Parser(
         prog="runahead",
@@ -314,6 +317,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.what == "paper":
         return run_paper_command(args)
     if args.backend == "torch":
+        if args.trace is not None:
+            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -445,6 +450,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command; the exit status (2 for a bad argument)."""
+    from runahead.extras import missing_extra
     from runahead.logs import configure_logging
 
     parser = build_parser()
@@ -455,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead {args.command}: error: {error}\n")
     except ModuleNotFoundError as error:
-        hint = a.missing_extra(error)
+        hint = missing_extra(error)
         if hint is None:
             raise
         parser.exit(1, f"runahead {args.command}: error: {hint}\n")

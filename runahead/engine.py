@@ -97,8 +97,11 @@ class Engine:
         """
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
-        from runahead.backends.torch import TorchBackend
-        from runahead.models.loader import load_tokenizer
+        from runahead.extras import needs_extras
+
+        with needs_extras():
+            from runahead.backends.torch import TorchBackend
+            from runahead.models.loader import load_tokenizer
 
         torch_backend = TorchBackend.open(
             model,
