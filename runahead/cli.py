@@ -9,6 +9,7 @@ through structlog (``--log-json`` for JSON).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=a.integer(0, 65535), default=8000, help="TCP port (0: any free port)")
     serve.add_argument("--model-name", help="the name clients ask for (default: the folder's name)")
     _add_engine_options(serve)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("RUNAHEAD_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every request but /health (default: $RUNAHEAD_API_KEY)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=a.integer(1),
+        default=8 << 20,
+        help="larger request bodies get 413 (default: 8 MiB)",
+    )
     gen = command("generate", help="generate with a real model (torch backend)")
     gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
@@ -263,10 +275,11 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
-    from runahead.server import EngineStopped, serve
+    from runahead.server import EngineStopped, ServerConfig, serve
     from runahead.torchbench import resolve_model
 
     a.check_device(args.device)
+    config = ServerConfig(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     try:
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
             asyncio.run(
@@ -277,6 +290,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     model_name=args.model_name,
                     log_json=args.log_json,
                     log_level=args.log_level,
+                    config=config,
                     backend=args.backend,
                     device=args.device,
                     dtype=args.dtype,
