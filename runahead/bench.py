@@ -198,9 +198,13 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     runtime = Runtime(backend, config)
     runtime.warm_cache(warm_keys(trace, point.concurrency, point.warmup_steps))
     wall, cpu = time.perf_counter(), time.process_time()
-    extra: dict[str, Any] = {}
     if point.workload == "agentic":
         drain = run_virtual(lambda: closed_loop(runtime, specs, point.concurrency))
+    else:
+        run_virtual(lambda: runtime.run(specs))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall  # the run only, not its summary
+    extra: dict[str, Any] = {}
+    if point.workload == "agentic":
         initial = {spec.request for spec in specs[: point.concurrency]}
         first = max(t for r, step, t in runtime.recorder.tokens if step == 0 and r in initial)
         end = max(t for _, _, t in runtime.recorder.tokens) if drain is None else drain
@@ -212,9 +216,7 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
             "window_end_s": end,
         }
     else:
-        run_virtual(lambda: runtime.run(specs))
         metrics = summarize(runtime.recorder, runtime.cache.stats, steps=point.steps)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     jobs = sum(record.size for record in runtime.recorder.computes)
     row = {
         **asdict(point),

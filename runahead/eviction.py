@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 Evictable = Callable[[Hashable], bool]
@@ -21,7 +21,10 @@ class EvictionPolicy(Protocol):
     """The contract every eviction policy meets."""
 
     def touch(self, key: Hashable) -> None:
-        """Record one use of ``key`` (called on every pin)."""
+        """Record one use of ``key`` (called on every pin).
+
+        A policy may also have ``touch_all(keys)``, the same for one job's keys in one call (the
+        cache uses it when present: it runs for every job)."""
 
     def add(self, key: Hashable) -> None:
         """``key`` became a candidate (resident, refcount zero), or was used again as one."""
@@ -41,6 +44,9 @@ class LRU:
 
     def touch(self, key: Hashable) -> None:
         pass  # recency is the moment the entry becomes a candidate, i.e. the end of its last use
+
+    def touch_all(self, keys: Iterable[Hashable]) -> None:
+        pass
 
     def add(self, key: Hashable) -> None:
         self._order[key] = None
@@ -73,6 +79,12 @@ class LFU:
     def touch(self, key: Hashable) -> None:
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1
+
+    def touch_all(self, keys: Iterable[Hashable]) -> None:
+        counts = self.counts
+        get = counts.get
+        for key in keys:
+            counts[key] = get(key, 0) + 1
 
     def add(self, key: Hashable) -> None:
         if key not in self._live:

@@ -15,6 +15,7 @@ from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ExpertKey
+from runahead.mailbox import Signal
 from runahead.messages import Blocked, FetchDone, FetcherMessage, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
 from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
@@ -46,7 +47,7 @@ class ExpertFetcher:
         self.clock = clock
         self.recorder = recorder
         self.queue_depth = queue_depth
-        self._wake = asyncio.Event()
+        self._wake = Signal()
         self._closing = False
 
     async def run(self) -> None:
