@@ -215,6 +215,10 @@ class FetchQueue:
                 if not blocked.unstarted:
                     del self._blocked[request]
 
+    def failed(self, key: ExpertKey) -> None:
+        """The read of ``key`` failed for good: the jobs waiting on it are failed by the issuer."""
+        self._by_key.pop(key, None)
+
     def landed(self, key: ExpertKey) -> None:
         """``key`` became resident: every job waiting on it has one fewer missing expert."""
         for request in self._by_key.pop(key, ()):

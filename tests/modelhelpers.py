@@ -17,7 +17,7 @@ from runahead.models.base import KVCache, MoEModel
 from runahead.models.layout import ExpertLayout
 from runahead.models.loader import load_reference_slot
 
-ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe")
 
 HIDDEN = 64
 EXPERT_WIDTH = 24  # 2 * I != H, so a transposed stacked tensor cannot pass for the right one
@@ -56,7 +56,25 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 40,
         "norm_topk_prob": False,
     },
+    "qwen3_5_moe": {  # shapes unlike the others': 2 heads of 32, a linear last layer, v heads 2x k heads
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        "num_hidden_layers": 4,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 12,
+        "linear_conv_kernel_dim": 3,
+        "num_experts": EXPERTS,
+        "moe_intermediate_size": EXPERT_WIDTH,
+        "shared_expert_intermediate_size": 40,
+    },
 }
+
+HF_MODEL_TYPE = {"qwen3_5_moe": "qwen3_5_moe_text"}
+"""The ``model_type`` transformers builds the text-only model under, where it differs from ours."""
 
 ROUTER_SCALE = 8.0
 """How much the router weights are scaled up: random routers are nearly uniform otherwise."""
@@ -65,7 +83,9 @@ ROUTER_SCALE = 8.0
 def _hf_config(arch: str, **overrides: Any) -> Any:
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(arch, **{**_COMMON, **_ARCH_CONFIG[arch], **overrides})
+    return AutoConfig.for_model(
+        HF_MODEL_TYPE.get(arch, arch), **{**_COMMON, **_ARCH_CONFIG[arch], **overrides}
+    )
 
 
 def build_tiny_model(

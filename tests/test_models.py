@@ -17,7 +17,15 @@ from runahead.models.base import ModelLoadError, MoEModel
 from runahead.models.layout import ExpertLayout
 from runahead.models.loader import load_model, load_reference_slot, load_tokenizer
 
-from modelhelpers import ARCHS, EXPERTS, build_tiny_model, reference_logits, run_jobs, slots_for
+from modelhelpers import (
+    ARCHS,
+    EXPERTS,
+    HF_MODEL_TYPE,
+    build_tiny_model,
+    reference_logits,
+    run_jobs,
+    slots_for,
+)
 
 PROMPT = [5, 17, 33, 2, 100, 7, 9, 250, 3, 44]
 TOLERANCE = 1e-4
@@ -252,9 +260,11 @@ def test_missing_tensor_is_named(tmp_path: Path, folders: dict[str, Path]) -> No
 
 
 def test_registry_covers_every_architecture() -> None:
-    assert set(ARCHITECTURES) == set(ARCHS)
+    assert set(ARCHITECTURES) == set(ARCHS) | set(HF_MODEL_TYPE.values())
     for arch in ARCHS:
         assert get_architecture(arch).model_type == arch
+    for ours, theirs in HF_MODEL_TYPE.items():  # transformers' text-only spelling of the same model
+        assert get_architecture(theirs) is get_architecture(ours)
 
 
 def test_imports_stay_light() -> None:

@@ -26,6 +26,8 @@ from runahead.server.errors import APIError
 from runahead.server.generation import ChatShape, CompletionShape, ResponseShape, Tally, collect, sse_events
 from runahead.server.logs import CLIENT_CLOSED, AccessLog
 from runahead.server.metrics import CONTENT_TYPE, ServerMetrics
+from runahead.server.openapi import openapi_document
+from runahead.server.responses import Health, ModelCard, ModelList
 
 if TYPE_CHECKING:
     from runahead.engine import Engine
@@ -62,11 +64,11 @@ class OpenAIRoutes:
         self.eos = frozenset([eos] if isinstance(eos, int) else [])
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse(Health(status="ok").dump())
 
     async def models(self, request: Request) -> Response:
-        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "runahead"}
-        return JSONResponse({"object": "list", "data": [model]})
+        model = ModelCard(id=self.model_name, object="model", created=0, owned_by="runahead")
+        return JSONResponse(ModelList(object="list", data=[model]).dump())
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, protocol.completion_request, CompletionShape(self.model_name))
@@ -133,8 +135,13 @@ def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -
     api = OpenAIRoutes(engine, model_name)
     metrics = ServerMetrics(engine)
 
+    document = openapi_document(model_name)
+
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
 
     routes = [
         Route("/health", api.health, methods=["GET"]),
@@ -142,6 +149,7 @@ def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager
