@@ -166,8 +166,8 @@ class ExpertCache:
 
     def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
         """Release one reference on every key (the same as :meth:`unpin` per key, written out)."""
-        entries, add = self._entries, self.eviction.add
-        resident = EntryState.RESIDENT
+        entries, resident = self._entries, EntryState.RESIDENT
+        freed = []  # became evictable, in order
         for key in keys:
             entry = entries[key]
             refcount = entry.refcount - 1
@@ -178,10 +178,18 @@ class ExpertCache:
             else:
                 entry.refcount = 0
                 if entry.state is resident:
-                    self._evictable += 1
-                    add(key)
+                    freed.append(key)
                 elif entry.state is EntryState.WANTED:
                     del entries[key]  # its job went away before a fetch was started
+        if freed:
+            self._evictable += len(freed)
+            eviction = self.eviction
+            add_all = getattr(eviction, "add_all", None)  # optional, as touch_all
+            if add_all is not None:
+                add_all(freed)
+            else:
+                for key in freed:
+                    eviction.add(key)
 
     def unpin(self, key: ExpertKey) -> None:
         """Release one reference. A resident entry whose count reaches zero becomes evictable."""

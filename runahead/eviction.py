@@ -23,8 +23,9 @@ class EvictionPolicy(Protocol):
     def touch(self, key: Hashable) -> None:
         """Record one use of ``key`` (called on every pin).
 
-        A policy may also have ``touch_all(keys)``, the same for one job's keys in one call (the
-        cache uses it when present: it runs for every job)."""
+        A policy may also have ``touch_all(keys)`` and ``add_all(keys)``, the same as ``touch`` and
+        ``add`` per key, in order, in one call (the cache uses them when present: they run for
+        every job)."""
 
     def add(self, key: Hashable) -> None:
         """``key`` became a candidate (resident, refcount zero), or was used again as one."""
@@ -51,6 +52,12 @@ class LRU:
     def add(self, key: Hashable) -> None:
         self._order[key] = None
         self._order.move_to_end(key)
+
+    def add_all(self, keys: Iterable[Hashable]) -> None:
+        order = self._order
+        for key in keys:
+            order[key] = None
+            order.move_to_end(key)
 
     def remove(self, key: Hashable) -> None:
         self._order.pop(key, None)
@@ -89,6 +96,16 @@ class LFU:
     def add(self, key: Hashable) -> None:
         if key not in self._live:
             self._push(key)
+
+    def add_all(self, keys: Iterable[Hashable]) -> None:
+        live, heap, counts = self._live, self._heap, self.counts
+        seq = self._seq
+        for key in keys:
+            if key not in live:  # as add() and _push(), written out
+                seq += 1
+                live[key] = seq
+                heapq.heappush(heap, (counts.get(key, 0), seq, key))
+        self._seq = seq
 
     def remove(self, key: Hashable) -> None:
         self._live.pop(key, None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -150,12 +151,8 @@ class ComputeQueue:
         return min(candidates, key=lambda members: min(entry[0] for entry in members))
 
 
-def _rank_of(entry: tuple[tuple[int, ...], int, Job]) -> tuple[int, ...]:
-    return entry[0]
-
-
-def _arrival_of(entry: tuple[tuple[int, ...], int, Job]) -> int:
-    return entry[1]
+_rank_of = operator.itemgetter(0)  # of a ready entry (rank, arrival, job)
+_arrival_of = operator.itemgetter(1)
 
 
 @dataclass(slots=True)
