@@ -94,6 +94,17 @@ class ExpertCache:
     def resident_keys(self) -> list[ExpertKey]:
         return [k for k, e in self._entries.items() if e.state is EntryState.RESIDENT]
 
+    def pinned_slots(self, keys: Sequence[ExpertKey]) -> list[int] | None:
+        """The slots of ``keys`` if every one is resident and pinned (a job ready to compute), else None."""
+        entries, resident = self._entries, EntryState.RESIDENT
+        slots = []
+        for key in keys:
+            entry = entries.get(key)
+            if entry is None or entry.state is not resident or entry.refcount < 1:
+                return None
+            slots.append(entry.slot)
+        return slots  # type: ignore[return-value]  # a resident entry always has its slot
+
     def pinned_count(self) -> int:
         """Entries with a nonzero refcount (any state)."""
         return sum(1 for e in self._entries.values() if e.refcount)
