@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = a.Parser(add_help=False)
     common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log threshold"
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log threshold",
     )
     parser = a.Parser(
         prog="runahead",
@@ -189,6 +192,12 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         help="sim: charge no time for compute or reads, to measure the runtime's own overhead per job",
     )
     bench.add_argument(
+        "--charge-overhead",
+        action="store_true",
+        help="sim: advance virtual time by the CPU time the runtime spends on its event loop "
+        "(the default charges only the cost model; charged runs vary slightly between runs)",
+    )
+    bench.add_argument(
         "--trace",
         type=Path,
         help="sim: a recorded routing trace (.npz, see generate --record-trace) instead of the synthetic one",
@@ -282,35 +291,39 @@ def _eos_token(model: str) -> int | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import asyncio
     import contextlib
 
-    from runahead.server import ServerConfig, serve
+    from runahead import loops
+    from runahead.server import EngineStopped, ServerConfig, serve
     from runahead.torchbench import resolve_model
 
     a.check_device(args.device)
     config = ServerConfig(
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout
     )
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
-        asyncio.run(
-            serve(
-                resolve_model(args.model),
-                host=args.host,
-                port=args.port,
-                model_name=args.model_name,
-                log_json=args.log_json,
-                log_level=args.log_level,
-                config=config,
-                backend=args.backend,
-                device=args.device,
-                dtype=args.dtype,
-                policy=args.policy,
-                cache_fraction=args.cache_fraction,
-                store=args.store,
-                max_waiting=args.max_waiting,
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
+            loops.run(
+                serve(
+                    resolve_model(args.model),
+                    host=args.host,
+                    port=args.port,
+                    model_name=args.model_name,
+                    log_json=args.log_json,
+                    log_level=args.log_level,
+                    config=config,
+                    backend=args.backend,
+                    device=args.device,
+                    dtype=args.dtype,
+                    policy=args.policy,
+                    cache_fraction=args.cache_fraction,
+                    store=args.store,
+                    max_waiting=args.max_waiting,
+                )
             )
-        )
+    except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
+        print(f"runahead: {stopped}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -333,13 +346,15 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from runahead.bench import format_table, run_sweep, sweep
+    from runahead.bench import format_overhead, format_table, run_sweep, sweep
     from runahead.progress import progress_bar
     from runahead.trace import RoutingTrace
 
     if args.what == "paper":
         return run_paper_command(args)
     if args.backend == "torch":
+        if args.trace is not None:
+            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -360,11 +375,14 @@ def run_bench(args: argparse.Namespace) -> int:
         eviction=args.eviction,
         warmup_steps=args.warmup_steps,
         zero_cost=args.zero_cost,
+        charge_overhead=args.charge_overhead,
     )
     with progress_bar("bench", len(points), enabled=not args.quiet) as advance:
         report = _progress(len(points), args.quiet, advance)
         rows = run_sweep(points, args.out, trace, report, timeline=args.timeline)
     print(format_table(rows))
+    if args.zero_cost:
+        print(format_overhead(rows))
     if args.out:
         print(f"\nwrote {args.out / 'results.jsonl'}")
     return 0
@@ -471,6 +489,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command; the exit status (2 for a bad argument)."""
+    from runahead.extras import missing_extra
     from runahead.logs import configure_logging
 
     parser = build_parser()
@@ -481,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead {args.command}: error: {error}\n")
     except ModuleNotFoundError as error:
-        hint = a.missing_extra(error)
+        hint = missing_extra(error)
         if hint is None:
             raise
         parser.exit(1, f"runahead {args.command}: error: {hint}\n")

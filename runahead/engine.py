@@ -125,8 +125,11 @@ class Engine:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
-        from runahead.backends.torch import TorchBackend
-        from runahead.models.loader import load_tokenizer
+        from runahead.extras import needs_extras
+
+        with needs_extras():
+            from runahead.backends.torch import TorchBackend
+            from runahead.models.loader import load_tokenizer
 
         torch_backend = TorchBackend.open(
             model,
@@ -200,7 +203,7 @@ class Engine:
         if self.failure is not None:
             return {**self.runtime.health.report(0.0), "status": "failed", "reason": repr(self.failure)}
         if not self._running:
-            return {"status": "failed", "reason": "the engine is closed"}
+            return {**self.runtime.health.report(0.0), "status": "failed", "reason": "the engine is closed"}
         return self.runtime.health_report()
 
     async def close(self) -> None:

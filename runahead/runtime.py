@@ -27,6 +27,7 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RequestFailed
 from runahead.jobs import ExpertKey, RequestSpec
+from runahead.mailbox import Mailbox
 from runahead.messages import Cancel, FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
 from runahead.policy import PolicyConfig, parse_policy
@@ -181,9 +182,9 @@ class Runtime:
         if self._task_group is not None:
             raise RuntimeError("this runtime is already running")
         policy = self.config.policy_config
-        issuer: asyncio.Queue[IssuerMessage] = asyncio.Queue(MAILBOX_SIZE)
-        scheduler: asyncio.Queue[SchedulerMessage] = asyncio.Queue(MAILBOX_SIZE)
-        fetcher: asyncio.Queue[FetcherMessage] = asyncio.Queue(MAILBOX_SIZE)
+        issuer: Mailbox[IssuerMessage] = Mailbox(MAILBOX_SIZE)
+        scheduler: Mailbox[SchedulerMessage] = Mailbox(MAILBOX_SIZE)
+        fetcher: Mailbox[FetcherMessage] = Mailbox(MAILBOX_SIZE)
         job_issuer = JobIssuer(
             backend=self.backend,
             cache=self.cache,

@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import torch
 
-from runahead.sampling import SamplingParams
+from runahead.engine import Completion
 from runahead.server.generation import StopMatcher
 
 from modelhelpers import build_tiny_model
@@ -46,18 +47,36 @@ def server(chat_model: Path) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
-def references(server: RunningServer) -> dict[str, Any]:
-    """The engine's own greedy output, run on the served engine, for every prompt and the chat."""
-    engine = server.engine
-    chat_ids = engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+def references(server: RunningServer, chat_model: Path) -> dict[str, Any]:
+    """transformers' own greedy output (the judge, not the engine) for every prompt and the chat."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = server.engine.tokenizer
+    chat_ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
     chat_ids = list(chat_ids["input_ids"] if isinstance(chat_ids, Mapping) else chat_ids)
-    params = SamplingParams(max_tokens=TOKENS, stop_token_ids=frozenset({EOS}))
+    reference = AutoModelForCausalLM.from_pretrained(
+        chat_model, dtype=torch.float32, attn_implementation="eager"
+    )
 
-    async def run() -> list[Any]:
-        return await asyncio.gather(*(engine.complete(p, params) for p in [*PROMPTS, chat_ids]))
+    def greedy(ids: list[int]) -> Completion:
+        prompt = torch.tensor([ids])
+        with torch.no_grad():
+            out = reference.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=TOKENS,
+                do_sample=False,
+                eos_token_id=EOS,
+            )
+        tokens = out[0, len(ids) :].tolist()
+        if EOS in tokens:
+            tokens = tokens[: tokens.index(EOS) + 1]
+        reason = "stop" if tokens[-1] == EOS else "length"
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return Completion(tokens, text, reason, len(ids))
 
-    *completions, chat = server.call(run(), timeout=120)
-    return {"prompts": dict(zip(PROMPTS, completions, strict=True)), "chat": chat, "chat_ids": chat_ids}
+    prompts = {p: greedy(list(tokenizer.encode(p))) for p in PROMPTS}
+    return {"prompts": prompts, "chat": greedy(chat_ids), "chat_ids": chat_ids}
 
 
 @pytest.fixture()
@@ -80,7 +99,7 @@ def sse_payloads(body: str) -> list[Any]:
 
 def test_health_and_models(server: RunningServer, client: openai.OpenAI) -> None:
     health = httpx.get(f"{server.url}/health", timeout=10)
-    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert health.status_code == 200 and health.json()["status"] == "ok"
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"] and models.object == "list"
 

@@ -72,7 +72,9 @@ class OpenAIRoutes:
         self.eos = frozenset([eos] if isinstance(eos, int) else [])
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse(Health(status="ok").dump())
+        """200 while the engine serves (``ok`` or ``degraded``), 503 once it has stopped."""
+        report = Health.model_validate(self.engine.health())
+        return JSONResponse(report.dump(), status_code=503 if report.status == "failed" else 200)
 
     async def models(self, request: Request) -> Response:
         model = ModelCard(id=self.model_name, object="model", created=0, owned_by="runahead")
@@ -100,8 +102,9 @@ class OpenAIRoutes:
             done = await until_disconnected(
                 request, collect_all(self.engine, job, generations, tally, timeout)
             )
-        except RuntimeError as error:  # a failed request, or a closed or failed engine
-            raise APIError(str(error), status=503, kind="server_error") from None
+        except RuntimeError as error:  # a failed read or compute (500), or a closed or failed engine (503)
+            status = 500 if self.engine.running else 503
+            raise APIError(str(error), status=status, kind="server_error") from None
         finally:
             cancel_all(generations)
         if done is None:

@@ -33,6 +33,7 @@ _ERRORS = {
     "404": "No such model.",
     "413": "The request body is larger than the server takes.",
     "429": "Too many requests are waiting; retry after `Retry-After` seconds.",
+    "500": "A failed expert read or compute ended this request (the engine goes on).",
     "503": "The engine is stopped or failed.",
     "504": "The request ran past the server's time limit.",
 }
@@ -72,7 +73,7 @@ def _generation(
         "post": {
             "summary": summary,
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
-            "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "503", "504")},
+            "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "500", "503", "504")},
         }
     }
 
@@ -88,7 +89,13 @@ def openapi_document(model_name: str, *, api_key: bool = False) -> dict[str, Any
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
     paths = {
         "/health": {
-            "get": {"summary": "Liveness", "responses": {"200": _json(responses.Health, "Serving.")}}
+            "get": {
+                "summary": "Health: ok, degraded (with the reason) or failed",
+                "responses": {
+                    "200": _json(responses.Health, "Serving (ok or degraded)."),
+                    "503": _json(responses.Health, "The engine stopped."),
+                },
+            }
         },
         "/v1/models": {
             "get": {
