@@ -116,6 +116,8 @@ class DocRunner:
 
     def command(self, argv: list[str], block: Block) -> None:
         where = f"{block.path.name}:{block.line}: {shlex.join(argv)}"
+        while argv and re.fullmatch(r"[A-Z_]+=\S*", argv[0]):  # VAR=value before a command
+            argv = argv[1:]
         program = argv[0].removeprefix(".venv/bin/")
         if argv[:3] == ["python3", "-m", "venv"] or argv[1:3] == ["-m", "pytest"]:
             return
@@ -125,6 +127,10 @@ class DocRunner:
             self.runahead(argv[1:], where)
         elif program == "bash" and argv[1].startswith("bench/"):
             check_script(REPO / argv[1], where)
+        elif program.startswith("bench/") and program.endswith(".sh"):
+            check_script(REPO / program, where)
+        elif program == "docker":
+            check_docker(argv, where)
         elif program == "python" and argv[1].startswith("bench/"):
             args = [
                 arg for pattern in argv[1:] for arg in sorted(glob.glob(pattern, root_dir=REPO)) or [pattern]
@@ -184,6 +190,18 @@ def check_install(argv: list[str], where: str) -> None:
         if match:
             missing = set(match.group(1).split(",")) - set(extras)
             assert not missing, f"{where}: no extra {sorted(missing)} in pyproject.toml"
+
+
+def check_docker(argv: list[str], where: str) -> None:
+    """No Docker engine runs here: a ``docker`` line's files must exist, and the options after the
+    image name of a ``docker run`` must parse as ``runahead serve`` options (the image's command)."""
+    for flag in ("-f", "--file"):
+        if flag in argv:
+            assert (REPO / argv[argv.index(flag) + 1]).is_file(), where
+    if argv[1] == "run":
+        images = [i for i, arg in enumerate(argv) if arg.startswith("runahead:")]
+        assert images, f"{where}: no runahead image named"
+        build_parser().parse_args(["serve", "/model", *argv[images[0] + 1 :]])
 
 
 def check_script(script: Path, where: str) -> None:
