@@ -6,8 +6,11 @@
         handle = runtime.submit(RequestSpec(request=0, max_tokens=32))
         tokens = await handle.result()
 
-The actors run as tasks of one task group; an error in any of them cancels the others and is
-raised from the ``async with`` block (and from every pending ``result()``), never a hang.
+The actors run as tasks of one task group. A failed expert read or group compute fails only the
+requests that needed it (:class:`RequestFailed` from their ``result()``); the runtime goes on, its
+:attr:`Runtime.health` saying ``degraded`` while failures last. An error that leaves the runtime
+unusable cancels every actor and is raised from the ``async with`` block (and from every pending
+``result()``), never a hang.
 """
 
 from __future__ import annotations
@@ -16,18 +19,23 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import Backend
+from runahead.backend import Backend, CacheWatcher
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
+from runahead.health import Health, RequestFailed
 from runahead.jobs import ExpertKey, RequestSpec
+from runahead.mailbox import Mailbox
 from runahead.messages import Cancel, FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
 from runahead.policy import PolicyConfig, parse_policy
 from runahead.prefetch import make_predictor
 from runahead.scheduling import ComputeQueue, StepBarrier
+
+if TYPE_CHECKING:
+    from runahead.sampling import StepLogprobs
 
 MAILBOX_SIZE = 1 << 16
 """Mailboxes are bounded. The actor graph has a cycle (issuer <-> scheduler), so sends never wait:
@@ -48,6 +56,9 @@ class RuntimeConfig:
     record_selections: bool = False
     keep_records: bool = True  # off for long-running servers: only running totals are kept
     prefill_chunk: int = 256
+    read_retries: int = 2  # a failed expert read is tried again this many times before it fails
+    retry_pause_s: float = 0.01  # the first pause before a retry; each next one is 4x longer
+    max_compute_failures: int = 3  # groups failing in a row before the runtime stops
     policy_config: PolicyConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -58,6 +69,10 @@ class RuntimeConfig:
             raise ValueError(f"link_queue_depth must be >= 1, got {self.link_queue_depth}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.read_retries < 0 or self.retry_pause_s < 0:
+            raise ValueError("read_retries and retry_pause_s must be >= 0")
+        if self.max_compute_failures < 1:
+            raise ValueError(f"max_compute_failures must be >= 1, got {self.max_compute_failures}")
         if self.max_active is not None and self.max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {self.max_active}")
 
@@ -70,7 +85,7 @@ class RequestHandle:
         self.tokens: list[int] = []
         self.cancelled = False
         self._runtime = runtime
-        self._stream: asyncio.Queue[int | None] = asyncio.Queue()
+        self._stream: asyncio.Queue[tuple[int, StepLogprobs | None] | None] = asyncio.Queue()
         self._done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
 
     async def result(self) -> list[int]:
@@ -79,8 +94,13 @@ class RequestHandle:
 
     async def stream(self) -> AsyncIterator[int]:
         """Each token as it is generated; ends when the request finishes or is cancelled."""
-        while (token := await self._stream.get()) is not None:
+        async for token, _ in self.steps():
             yield token
+
+    async def steps(self) -> AsyncIterator[tuple[int, StepLogprobs | None]]:
+        """Each token with what the backend scored for it (log-probs, when the request asked)."""
+        while (step := await self._stream.get()) is not None:
+            yield step
         if self._done.done() and self._done.exception() is not None:
             raise self._done.exception()  # type: ignore[misc]
 
@@ -92,9 +112,9 @@ class RequestHandle:
     def done(self) -> bool:
         return self._done.done()
 
-    def _token(self, token: int) -> None:
+    def _token(self, token: int, logprobs: StepLogprobs | None = None) -> None:
         self.tokens.append(token)
-        self._stream.put_nowait(token)
+        self._stream.put_nowait((token, logprobs))
 
     def _finish(self, cancelled: bool) -> None:
         if not self._done.done():
@@ -122,11 +142,18 @@ class Runtime:
         self.config = config
         self.clock = clock or Clock()
         self.cache = ExpertCache(config.cache_slots, config.eviction)
+        if isinstance(backend, CacheWatcher):
+            backend.watch(self.cache)
         self.recorder = Recorder(record_selections=config.record_selections, keep_records=config.keep_records)
+        self.health = Health()
         self.handles: dict[int, RequestHandle] = {}
         self._task_group: asyncio.TaskGroup | None = None
         self._issuer_inbox: asyncio.Queue[IssuerMessage] | None = None
         self._inboxes: list[asyncio.Queue[Any]] = []
+
+    def health_report(self) -> dict[str, object]:
+        """``status`` (``ok``, ``degraded`` or ``failed``), the reason, and failure counters."""
+        return self.health.report(self.clock.now())
 
     @property
     def max_active(self) -> int:
@@ -155,9 +182,9 @@ class Runtime:
         if self._task_group is not None:
             raise RuntimeError("this runtime is already running")
         policy = self.config.policy_config
-        issuer: asyncio.Queue[IssuerMessage] = asyncio.Queue(MAILBOX_SIZE)
-        scheduler: asyncio.Queue[SchedulerMessage] = asyncio.Queue(MAILBOX_SIZE)
-        fetcher: asyncio.Queue[FetcherMessage] = asyncio.Queue(MAILBOX_SIZE)
+        issuer: Mailbox[IssuerMessage] = Mailbox(MAILBOX_SIZE)
+        scheduler: Mailbox[SchedulerMessage] = Mailbox(MAILBOX_SIZE)
+        fetcher: Mailbox[FetcherMessage] = Mailbox(MAILBOX_SIZE)
         job_issuer = JobIssuer(
             backend=self.backend,
             cache=self.cache,
@@ -178,6 +205,9 @@ class Runtime:
             clock=self.clock,
             recorder=self.recorder,
             queue_depth=self.config.link_queue_depth,
+            health=self.health,
+            read_retries=self.config.read_retries,
+            retry_pause_s=self.config.retry_pause_s,
         )
         compute_scheduler = ComputeScheduler(
             backend=self.backend,
@@ -190,6 +220,8 @@ class Runtime:
             recorder=self.recorder,
             sink=self,
             prefill_chunk=self.config.prefill_chunk,
+            health=self.health,
+            max_compute_failures=self.config.max_compute_failures,
         )
         self._issuer_inbox = issuer
         self._inboxes = [issuer, fetcher, scheduler]
@@ -210,8 +242,12 @@ class Runtime:
             await self._task_group.__aexit__(kind, error, tb)
         except BaseExceptionGroup as group:
             failure = _sole_error(group)
+            self.health.fatal = self.health.fatal or repr(failure)
             for handle in self.handles.values():
-                handle._fail(RuntimeError(f"request {handle.request} failed: {failure!r}"))
+                handle._fail(
+                    RequestFailed(f"request {handle.request} failed: the runtime stopped: {failure!r}")
+                )
+            self.handles.clear()
             if failure is group:
                 raise
             raise failure from group
@@ -245,14 +281,31 @@ class Runtime:
         if self._issuer_inbox is not None and handle is not None and not handle.done():
             self._issuer_inbox.put_nowait(Cancel(request))
 
+    def fail(self, request: int, error: str) -> None:
+        """End a request now with ``error`` (its ``result()`` raises it) and cancel it in the actors."""
+        handle = self.handles.get(request)
+        if handle is not None and not handle.done():
+            self.cancel(request)
+            handle._fail(RequestFailed(f"request {request} failed: {error}"))
+
     # -- TokenSink (called by the actors) ------------------------------------------------------
 
     def token(self, request: int, step: int, token: int, time: float) -> None:
-        self.handles[request]._token(token)
+        # the backend scored the token in the compute that sampled it; its request is still open
+        take = getattr(self.backend, "take_logprobs", None)
+        self.handles[request]._token(token, take(request) if take is not None else None)
 
-    def finished(self, request: int, cancelled: bool = False) -> None:
-        """A request ended: resolve its handle and forget it (the caller holds the handle)."""
-        self.handles.pop(request)._finish(cancelled)
+    def finished(self, request: int, cancelled: bool = False, error: str | None = None) -> None:
+        """A request ended: resolve its handle and forget it (the caller holds the handle).
+
+        With ``error`` it failed: its ``result()`` and ``stream()`` raise :class:`RequestFailed`.
+        """
+        handle = self.handles.pop(request)
+        if error is None:
+            handle._finish(cancelled)
+        else:
+            self.health.requests_failed += 1
+            handle._fail(RequestFailed(f"request {request} failed: {error}"))
 
 
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -87,7 +88,7 @@ class ComputeQueue:
     def __init__(self, order: ComputeOrder, grouping: Grouping) -> None:
         self.order = order
         self.grouping = grouping
-        self._ready: dict[int, tuple[int, Job]] = {}  # request -> (arrival sequence, job)
+        self._ready: dict[int, tuple[tuple[int, ...], int, Job]] = {}  # request -> (rank, arrival, job)
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -97,12 +98,14 @@ class ComputeQueue:
         """``job`` has every expert resident (pinned) and may compute."""
         if job.request in self._ready:
             raise RuntimeError(f"request {job.request} already has a ready job")
-        self._ready[job.request] = (next(self._seq), job)
+        seq = next(self._seq)
+        rank = (seq,) if self.order is ComputeOrder.FIFO else (job.epoch, job.layer, seq)
+        self._ready[job.request] = (rank, seq, job)
 
     def discard(self, request: int) -> Job | None:
         """Drop a request's ready job (cancellation); return it if there was one."""
         entry = self._ready.pop(request, None)
-        return None if entry is None else entry[1]
+        return None if entry is None else entry[2]
 
     def select_group(
         self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
@@ -113,37 +116,31 @@ class ComputeQueue:
         computing; not one held at the step barrier) to its progress ``(epoch, layer)``;
         ``lanes`` maps every active request to its lane. Only static grouping needs them.
         """
-        if not self._ready:
+        ready = self._ready
+        if not ready:
             return None
         if self.grouping.static:
             members = self._static_candidate(positions, lanes)
         else:
-            first = min(self._ready.values(), key=self._rank)
-            layer = first[1].layer
-            members = [entry for entry in self._ready.values() if entry[1].layer == layer]
+            layer = min(ready.values(), key=_rank_of)[2].layer
+            members = [entry for entry in ready.values() if entry[2].layer == layer]
         if not members:
             return None
-        members.sort(key=lambda entry: entry[0])
-        for _, job in members:
-            del self._ready[job.request]
-        return Group(members[0][1].layer, tuple(job for _, job in members))
-
-    def _rank(self, entry: tuple[int, Job]) -> tuple[int, ...]:
-        seq, job = entry
-        if self.order is ComputeOrder.FIFO:
-            return (seq,)
-        return (job.epoch, job.layer, seq)
+        members.sort(key=_arrival_of)
+        for _, _, job in members:
+            del ready[job.request]
+        return Group(members[0][2].layer, tuple([job for _, _, job in members]))
 
     def _static_candidate(
         self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
-    ) -> list[tuple[int, Job]]:
+    ) -> list[tuple[tuple[int, ...], int, Job]]:
         """Static groups wait for every member at the group's least progress to be ready."""
         by_group: dict[int, list[int]] = {}
         for request, lane in lanes.items():
             if request not in positions:
                 continue  # held at the step barrier
             by_group.setdefault(self.grouping.group_of_lane(lane), []).append(request)
-        candidates: list[list[tuple[int, Job]]] = []
+        candidates: list[list[tuple[tuple[int, ...], int, Job]]] = []
         for requests in by_group.values():
             least = min(positions[r] for r in requests)
             laggards = [r for r in requests if positions[r] == least]
@@ -151,7 +148,11 @@ class ComputeQueue:
                 candidates.append([self._ready[r] for r in laggards])
         if not candidates:
             return []
-        return min(candidates, key=lambda members: min(self._rank(entry) for entry in members))
+        return min(candidates, key=lambda members: min(entry[0] for entry in members))
+
+
+_rank_of = operator.itemgetter(0)  # of a ready entry (rank, arrival, job)
+_arrival_of = operator.itemgetter(1)
 
 
 @dataclass(slots=True)
@@ -172,6 +173,7 @@ class FetchQueue:
 
     def __init__(self, order: FetchOrder) -> None:
         self.order = order
+        self._rank = _FETCH_RANKS[order]
         self._blocked: dict[int, _Blocked] = {}
         self._by_key: dict[ExpertKey, list[int]] = {}  # missing expert -> blocked requests
         self._seq = itertools.count()
@@ -190,7 +192,16 @@ class FetchQueue:
             self._by_key.setdefault(key, []).append(job.request)
 
     def discard(self, request: int) -> None:
-        self._blocked.pop(request, None)
+        """Forget a request's blocked job (it was cancelled, or it ended)."""
+        blocked = self._blocked.pop(request, None)
+        if blocked is None:
+            return
+        for key in blocked.job.keys:
+            waiting = self._by_key.get(key)
+            if waiting is not None and request in waiting:
+                waiting.remove(request)
+                if not waiting:
+                    del self._by_key[key]
 
     def started(self, key: ExpertKey) -> None:
         """A read of ``key`` began: no blocked job needs to start it again."""
@@ -201,6 +212,10 @@ class FetchQueue:
                 if not blocked.unstarted:
                     del self._blocked[request]
 
+    def failed(self, key: ExpertKey) -> None:
+        """The read of ``key`` failed for good: the jobs waiting on it are failed by the issuer."""
+        self._by_key.pop(key, None)
+
     def landed(self, key: ExpertKey) -> None:
         """``key`` became resident: every job waiting on it has one fewer missing expert."""
         for request in self._by_key.pop(key, ()):
@@ -208,19 +223,43 @@ class FetchQueue:
             if blocked is not None:
                 blocked.remaining -= 1
 
-    def select(self) -> ExpertKey | None:
-        """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none."""
-        if not self._blocked:
-            return None
-        best = min(self._blocked.values(), key=self._rank)
-        return best.unstarted[0]
+    def select(self, cache: ExpertCache) -> ExpertKey | None:
+        """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none.
 
-    def _rank(self, blocked: _Blocked) -> tuple[int, ...]:
-        if self.order is FetchOrder.LOWEST_LAYER_SRTF:
-            return (blocked.job.epoch, blocked.job.layer, blocked.remaining, blocked.seq)
-        if self.order is FetchOrder.GLOBAL_SRTF:
-            return (blocked.remaining, blocked.seq)
-        return (blocked.seq,)
+        The cache decides what is still wanted. A job cancelled after it blocked has its pins
+        released by the JobIssuer at once, but the ExpertFetcher hears of it (``Forget``) a moment
+        later; meanwhile its experts nobody else pins are no longer ``WANTED``. Those are dropped
+        here, never read.
+        """
+        while self._blocked:
+            best = min(self._blocked.values(), key=self._rank)
+            unstarted = best.unstarted
+            while unstarted:
+                if cache.state(unstarted[0]) is EntryState.WANTED:
+                    return unstarted[0]
+                unstarted.pop(0)  # stale: its job went away
+            self.discard(best.job.request)
+        return None
+
+
+def _lowest_layer_srtf(blocked: _Blocked) -> tuple[int, ...]:
+    job = blocked.job
+    return (job.epoch, job.layer, blocked.remaining, blocked.seq)
+
+
+def _global_srtf(blocked: _Blocked) -> tuple[int, ...]:
+    return (blocked.remaining, blocked.seq)
+
+
+def _blocking_order(blocked: _Blocked) -> tuple[int, ...]:
+    return (blocked.seq,)
+
+
+_FETCH_RANKS = {
+    FetchOrder.LOWEST_LAYER_SRTF: _lowest_layer_srtf,
+    FetchOrder.GLOBAL_SRTF: _global_srtf,
+    FetchOrder.FIFO: _blocking_order,
+}
 
 
 class PrefetchQueue:

@@ -17,7 +17,9 @@ from runahead.models.base import KVCache, MoEModel
 from runahead.models.layout import ExpertLayout
 from runahead.models.loader import load_reference_slot
 
-ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe", "gemma4", "gpt_oss")
+PAPER_ARCHS = ("qwen3_5_moe", "gemma4", "gpt_oss")
+"""The paper's models and gpt-oss: architectures whose constant-initialised weights get randomised."""
 
 HIDDEN = 64
 EXPERT_WIDTH = 24  # 2 * I != H, so a transposed stacked tensor cannot pass for the right one
@@ -56,16 +58,77 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
         "shared_expert_intermediate_size": 40,
         "norm_topk_prob": False,
     },
+    "qwen3_5_moe": {  # shapes unlike the others': 2 heads of 32, a linear last layer, v heads 2x k heads
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        "num_hidden_layers": 4,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 12,
+        "linear_conv_kernel_dim": 3,
+        "num_experts": EXPERTS,
+        "moe_intermediate_size": EXPERT_WIDTH,
+        "shared_expert_intermediate_size": 40,
+    },
+    "gemma4": {  # sliding layers: 2 KV heads of 12; global layers: 1 KV head of 24 (K = V), 3 of 4 slide
+        "hidden_size": 48,
+        "head_dim": 12,
+        "global_head_dim": 24,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "num_hidden_layers": 4,
+        "sliding_window": 5,
+        "intermediate_size": 40,
+        "enable_moe_block": True,
+        "num_experts": EXPERTS,
+        "top_k_experts": 2,
+        "moe_intermediate_size": EXPERT_WIDTH,
+        "hidden_size_per_layer_input": 0,
+        "final_logit_softcapping": 30.0,
+        "pad_token_id": 0,
+    },
+    "gpt_oss": {  # 6 heads of 8 over 2 KV heads, 6 experts, YaRN RoPE (the default), a clamp that bites
+        "hidden_size": 40,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "num_local_experts": 6,
+        "intermediate_size": EXPERT_WIDTH,
+        "sliding_window": 4,
+        "swiglu_limit": 0.8,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 64,
+            "truncate": False,
+        },
+    },
 }
+
+HF_MODEL_TYPE = {"qwen3_5_moe": "qwen3_5_moe_text", "gemma4": "gemma4_text"}
+"""The ``model_type`` transformers builds the text-only model under, where it differs from ours."""
 
 ROUTER_SCALE = 8.0
 """How much the router weights are scaled up: random routers are nearly uniform otherwise."""
+
+PERTURBED = ("norm", "layer_scalar", "router.scale", "per_expert_scale", "dt_bias", "A_log", "bias", "sinks")
+"""Parameters transformers initialises to constants (norms at 1 or 0, scales at 1); the paper's
+architectures get them randomised, so a weight read wrongly (or not at all) changes the output."""
 
 
 def _hf_config(arch: str, **overrides: Any) -> Any:
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(arch, **{**_COMMON, **_ARCH_CONFIG[arch], **overrides})
+    return AutoConfig.for_model(
+        HF_MODEL_TYPE.get(arch, arch), **{**_COMMON, **_ARCH_CONFIG[arch], **overrides}
+    )
 
 
 def build_tiny_model(
@@ -91,8 +154,15 @@ def build_tiny_model(
     model = AutoModelForCausalLM.from_config(_hf_config(arch, **overrides), dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+            if name.endswith(
+                ("mlp.gate.weight", "block_sparse_moe.gate.weight", "router.proj.weight", "router.weight")
+            ):
                 param.mul_(ROUTER_SCALE)
+            elif arch in PAPER_ARCHS and any(part in name for part in PERTURBED):
+                param.add_(torch.rand_like(param) * 0.6 - 0.3)
+        for name, buffer in model.named_buffers():
+            if arch in PAPER_ARCHS and name.endswith("layer_scalar"):
+                buffer.uniform_(0.7, 1.3)
     model = model.to(dtype)
     kwargs: dict[str, Any] = {"max_shard_size": "60KB"} if sharded else {}
     if stacked:

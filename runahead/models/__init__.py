@@ -18,6 +18,11 @@ ARCHITECTURES: dict[str, str] = {
     "mixtral": "runahead.models.mixtral:MixtralModel",
     "olmoe": "runahead.models.olmoe:OlmoeModel",
     "qwen2_moe": "runahead.models.qwen2_moe:Qwen2MoeModel",
+    "qwen3_5_moe": "runahead.models.qwen3_5_moe:Qwen3_5MoeModel",
+    "qwen3_5_moe_text": "runahead.models.qwen3_5_moe:Qwen3_5MoeModel",
+    "gemma4": "runahead.models.gemma4:Gemma4Model",
+    "gemma4_text": "runahead.models.gemma4:Gemma4Model",
+    "gpt_oss": "runahead.models.gpt_oss:GptOssModel",
 }
 """``model_type`` -> ``"module:class"`` of its :class:`~runahead.models.base.MoEModel` subclass."""
 
@@ -25,6 +30,7 @@ _LAZY = {
     "MoEConfig": "runahead.models.base",
     "MoEModel": "runahead.models.base",
     "KVCache": "runahead.models.base",
+    "RequestState": "runahead.models.state",
     "ModelLoadError": "runahead.models.base",
     "load_model": "runahead.models.loader",
     "load_reference_slot": "runahead.models.loader",

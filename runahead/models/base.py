@@ -22,12 +22,44 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-Segment = tuple["KVCache", int, int]
-"""One request's run of rows in a batch: ``(its cache, position of its first token, token count)``."""
+from runahead.models.state import KVLayer, LayerState, RequestState
+
+Segment = tuple[RequestState, int, int]
+"""One request's run of rows in a batch: ``(its state, position of its first token, token count)``."""
 
 
 class ModelLoadError(ValueError):
     """A model folder cannot be loaded: the message names the file, tensor or config key at fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinearAttentionConfig:
+    """Shapes of Gated DeltaNet linear-attention layers (Qwen3.5 / Qwen3.6, Qwen3-Next).
+
+    ``key_heads`` q/k heads of ``key_dim`` and ``value_heads`` v heads of ``value_dim`` (a multiple
+    of ``key_heads``: each q/k head serves consecutive v heads); a causal depthwise convolution of
+    width ``conv_kernel`` over the concatenated q, k, v channels.
+    """
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    def __post_init__(self) -> None:
+        if self.value_heads % self.key_heads:
+            raise ModelLoadError(
+                f"linear_num_value_heads ({self.value_heads}) is not a multiple of "
+                f"linear_num_key_heads ({self.key_heads})"
+            )
+        if self.conv_kernel < 1:
+            raise ModelLoadError(f"linear_conv_kernel_dim must be at least 1, got {self.conv_kernel}")
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the convolution: q, k and v concatenated."""
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +97,9 @@ class MoEConfig:
     eos_token_ids: tuple[int, ...] = ()
     max_position_embeddings: int = 4096
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    rotary_dim: int | None = None
+    linear_attention: LinearAttentionConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_kv_heads:
@@ -76,6 +111,24 @@ class MoEConfig:
             raise ModelLoadError(f"num_experts_per_tok {self.top_k} not in 1..{self.num_experts}")
         if self.qk_norm not in (None, "head", "full"):
             raise ModelLoadError(f"unknown q/k norm kind {self.qk_norm!r}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ModelLoadError(
+                f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ModelLoadError(f"unknown layer type {unknown[0]!r}; known: {', '.join(LAYER_TYPES)}")
+        if "linear_attention" in self.layer_types and self.linear_attention is None:
+            raise ModelLoadError(f"{self.model_type}: linear_attention layers need linear attention shapes")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention, or ``None`` when it sees every earlier token.
+
+        Without ``layer_types`` the window (if any) applies to every layer, as in Mixtral.
+        """
+        if not self.layer_types or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], **values: Any) -> MoEConfig:
@@ -117,6 +170,10 @@ class MoEConfig:
         return cls(**{**common, **values})
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+"""The token mixers a layer may have (``layer_types`` in transformers' spelling)."""
+
+
 def require(raw: Mapping[str, Any], key: str) -> Any:
     """``raw[key]``, or a :class:`ModelLoadError` naming the key that ``config.json`` lacks."""
     if raw.get(key) is None:
@@ -149,52 +206,8 @@ def _rope(raw: Mapping[str, Any]) -> tuple[float, float]:
     raise ModelLoadError(f"RoPE type {kind!r} is not supported (only 'default' and 'linear')")
 
 
-class KVCache:
-    """One request's keys and values for every layer, in tensors that grow by doubling.
-
-    Layer ``l``'s store is ``[kv_heads, capacity, head_dim]``. Layers fill at different times (a
-    request part-way through a token has appended it to layers ``0..l`` only), so each layer keeps
-    its own length. Created by :meth:`MoEModel.new_cache`.
-    """
-
-    def __init__(
-        self,
-        num_layers: int,
-        num_kv_heads: int,
-        head_dim: int,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        capacity: int = 64,
-    ) -> None:
-        shape = (num_kv_heads, capacity, head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.lengths = [0] * num_layers
-
-    @property
-    def length(self) -> int:
-        """Tokens the request has entered (stored in layer 0): the position of its next token."""
-        return self.lengths[0]
-
-    def append(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``keys`` / ``values`` ``[kv_heads, n, head_dim]`` to ``layer``; return all of its k, v."""
-        start, n = self.lengths[layer], keys.shape[1]
-        if start + n > self.keys[layer].shape[1]:
-            self._grow(layer, start + n)
-        self.keys[layer][:, start : start + n] = keys
-        self.values[layer][:, start : start + n] = values
-        self.lengths[layer] = start + n
-        return self.keys[layer][:, : start + n], self.values[layer][:, : start + n]
-
-    def _grow(self, layer: int, needed: int) -> None:
-        old_k, old_v = self.keys[layer], self.values[layer]
-        capacity = max(needed, 2 * old_k.shape[1])
-        length = self.lengths[layer]
-        self.keys[layer] = old_k.new_empty((old_k.shape[0], capacity, old_k.shape[2]))
-        self.values[layer] = old_v.new_empty((old_v.shape[0], capacity, old_v.shape[2]))
-        self.keys[layer][:, :length] = old_k[:, :length]
-        self.values[layer][:, :length] = old_v[:, :length]
+KVCache = RequestState
+"""The per-request state under its older name (every layer softmax attention in most models)."""
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -231,9 +244,11 @@ class MoEModel:
             self.weights["lm_head"] = self.weights["embed"]
         any_weight = self.weights["embed"]
         self.dtype, self.device = any_weight.dtype, any_weight.device
-        dims = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=self.device)
-        inv_freq = 1.0 / (config.rope_theta ** (dims / config.head_dim))
+        rotary = config.rotary_dim or config.head_dim
+        dims = torch.arange(0, rotary, 2, dtype=torch.float32, device=self.device)
+        inv_freq = 1.0 / (config.rope_theta ** (dims / rotary))
         self.inv_freq = inv_freq / config.rope_scaling_factor
+        self.rope_attention_factor = 1.0
 
     # --- what an architecture supplies -------------------------------------------------------
 
@@ -283,6 +298,16 @@ class MoEModel:
         return (p + "gate_up_proj", p + "down_proj")
 
     @classmethod
+    def stacked_expert_tensors(cls, layer: int) -> tuple[tuple[str, str], ...]:
+        """A layer's stacked expert tensors as ``(checkpoint name, slot role)``, ``E`` experts first.
+
+        Role shapes are :func:`runahead.models.layout.role_shape`'s; expert ``e`` is the ``e``-th
+        contiguous slice of each tensor.
+        """
+        gate_up, down = cls.stacked_expert_names(layer)
+        return ((gate_up, "gate_up"), (down, "down"))
+
+    @classmethod
     def weight_shapes(cls, config: MoEConfig) -> dict[str, tuple[int, ...]]:
         """Canonical resident weight name -> the shape it must have."""
         c, h = config, config.hidden_size
@@ -318,14 +343,14 @@ class MoEModel:
         k = F.linear(x, w[p + "k_proj"], w.get(p + "k_proj.bias"))
         v = F.linear(x, w[p + "v_proj"], w.get(p + "v_proj.bias"))
         if c.qk_norm == "full":
-            q, k = rms_norm(q, w[p + "q_norm"], c.rms_norm_eps), rms_norm(k, w[p + "k_norm"], c.rms_norm_eps)
+            q, k = self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm")
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         q = q.view(x.shape[0], -1, c.head_dim)
         k = k.view(x.shape[0], -1, c.head_dim)
         v = v.view(x.shape[0], -1, c.head_dim)
         if c.qk_norm == "head":
-            q, k = rms_norm(q, w[p + "q_norm"], c.rms_norm_eps), rms_norm(k, w[p + "k_norm"], c.rms_norm_eps)
+            q, k = self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm")
         return q, k, v
 
     def shared_expert(self, layer: int, x: Tensor) -> Tensor | None:
@@ -340,12 +365,29 @@ class MoEModel:
 
     # --- the job pieces ----------------------------------------------------------------------
 
-    def new_cache(self, capacity: int = 64) -> KVCache:
-        """An empty KV cache for one new request (every layer), on this model's device and dtype."""
+    def norm(self, x: Tensor, key: str) -> Tensor:
+        """RMSNorm of ``x`` with the resident weight ``key`` (an architecture may centre its weights)."""
+        return rms_norm(x, self.weights[key], self.config.rms_norm_eps)
+
+    def layer_state(self, layer: int, capacity: int) -> LayerState:
+        """A new request's state for ``layer``: keys and values (sliding if the layer's attention slides)."""
         c = self.config
-        return KVCache(
-            c.num_layers, c.num_kv_heads, c.head_dim, dtype=self.dtype, device=self.device, capacity=capacity
+        return KVLayer(
+            c.num_kv_heads,
+            c.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            capacity=capacity,
+            window=c.window(layer),
         )
+
+    def new_cache(self, capacity: int = 64) -> RequestState:
+        """The state of one new request, every layer's (see :mod:`runahead.models.state`).
+
+        The per-request seam: the backend calls it at admission and drops the result at completion
+        or cancellation; each layer's kind comes from :meth:`layer_state`.
+        """
+        return RequestState([self.layer_state(layer, capacity) for layer in range(self.config.num_layers)])
 
     @torch.no_grad()
     def embed(self, token_ids: Tensor) -> Tensor:
@@ -354,40 +396,59 @@ class MoEModel:
 
     @torch.no_grad()
     def attention(self, layer: int, hidden: Tensor, segments: Sequence[Segment]) -> Tensor:
-        """Attention block of ``layer`` with its residual, for a batch of requests' rows.
+        """Token-mixing block of ``layer`` (attention, or linear attention) with its residual.
 
-        ``segments`` split the ``T`` rows into consecutive per-request runs ``(cache, start, n)``;
+        ``segments`` split the ``T`` rows into consecutive per-request runs ``(state, start, n)``;
         each run's positions are ``start .. start+n-1`` and ``start`` must equal the tokens that
-        request already has in this layer. Projections are batched over all rows; k/v are appended
-        to each request's cache and attention is causal (and windowed, if the model slides) per run.
-        Returns ``hidden + o_proj(attn(input_norm(hidden)))`` ``[T, H]``.
+        request already has in this layer. Projections are batched over all rows; each run reads and
+        advances only its own request's state. Returns ``hidden + mix(input_norm(hidden))`` ``[T, H]``.
         """
-        c, w = self.config, self.weights
         covered = sum(n for _, _, n in segments)
         if covered != hidden.shape[0]:
             raise ValueError(f"segments cover {covered} rows, hidden has {hidden.shape[0]}")
-        x = rms_norm(hidden, w[f"{layer}.input_norm"], c.rms_norm_eps)
-        q, k, v = self.project_qkv(layer, x)
-        positions = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in segments])
-        q, k = self._rope(q, positions), self._rope(k, positions)
-        outputs, row = [], 0
-        for cache, start, n in segments:
-            if cache.lengths[layer] != start:
+        for state, start, _ in segments:
+            if state.layers[layer].length != start:
                 raise ValueError(
                     f"layer {layer}: segment starts at position {start} but its cache holds "
-                    f"{cache.lengths[layer]} tokens"
+                    f"{state.layers[layer].length} tokens"
                 )
+        x = self.norm(hidden, f"{layer}.input_norm")
+        return hidden + self.mix(layer, x, segments)
+
+    def mix(self, layer: int, x: Tensor, segments: Sequence[Segment]) -> Tensor:
+        """The token mixer of ``layer`` on normed rows ``x``: softmax attention unless overridden."""
+        return self.softmax_attention(layer, x, segments)
+
+    def softmax_attention(self, layer: int, x: Tensor, segments: Sequence[Segment]) -> Tensor:
+        """Causal (windowed, if the layer slides) attention of each run over its own KV, then the output."""
+        q, k, v = self.project_qkv(layer, x)
+        positions = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in segments])
+        inv_freq, factor = self.rope_frequencies(layer), self.rope_attention_factor
+        q, k = apply_rope(q, positions, inv_freq, factor), apply_rope(k, positions, inv_freq, factor)
+        window = self.config.window(layer)
+        outputs, row = [], 0
+        for state, start, n in segments:
             rows = slice(row, row + n)
-            keys, values = cache.append(layer, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
+            keys, values, first = state.kv(layer).append(k[rows].transpose(0, 1), v[rows].transpose(0, 1))
             query = q[rows].transpose(0, 1)
-            mask = self._mask(start, n, keys.shape[1])
-            out = F.scaled_dot_product_attention(
-                query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
-            )
-            outputs.append(out[0].transpose(0, 1).reshape(n, -1))
+            mask = _mask(start, n, first, keys.shape[1], window, self.device)
+            out = self.attend(layer, query, keys, values, mask)
+            outputs.append(out.transpose(0, 1).reshape(n, -1))
             row += n
         attn = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-        return hidden + F.linear(attn, w[f"{layer}.o_proj"], w.get(f"{layer}.o_proj.bias"))
+        return self.attention_output(layer, x, attn)
+
+    def attend(self, layer: int, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+        """Scaled dot-product attention ``[heads, n, head_dim]`` of one run's queries over its keys."""
+        out = F.scaled_dot_product_attention(
+            query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
+        )
+        return out[0]
+
+    def attention_output(self, layer: int, x: Tensor, attn: Tensor) -> Tensor:
+        """Output projection of the heads' outputs ``attn [T, heads * head_dim]`` (``x``: normed input)."""
+        w = self.weights
+        return F.linear(attn, w[f"{layer}.o_proj"], w.get(f"{layer}.o_proj.bias"))
 
     @torch.no_grad()
     def route(self, layer: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
@@ -397,7 +458,7 @@ class MoEModel:
         in float32 over all experts, top-k, then renormalised over the k when ``norm_topk_prob``.
         """
         c = self.config
-        x = rms_norm(hidden, self.weights[f"{layer}.post_norm"], c.rms_norm_eps)
+        x = self.norm(hidden, f"{layer}.post_norm")
         probs = torch.softmax(F.linear(x, self.weights[f"{layer}.router"]).float(), dim=-1)
         weights, ids = torch.topk(probs, c.top_k, dim=-1)
         if c.norm_topk_prob:
@@ -437,26 +498,37 @@ class MoEModel:
         model's device; a backend that holds the routing on the host passes it so the MoE needs no
         device-to-host read (``ids`` is then not read). Without it the rows are found from ``ids``.
         """
-        c = self.config
-        x = rms_norm(hidden, self.weights[f"{layer}.post_norm"], c.rms_norm_eps)
+        x = self.expert_input(layer, hidden)
         if out is None:
             out = torch.zeros_like(x)
         if routing is None:
             routing = rows_per_expert(ids, experts)
-        block = c.intermediate_size * c.hidden_size
         for expert in sorted(routing):
-            slot = experts[expert].to(x.dtype)
-            gate = slot[:block].view(c.intermediate_size, c.hidden_size)
-            up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
-            down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
             rows, kpos = routing[expert]
-            y = _swiglu(x[rows], gate, up, down) * weights[rows, kpos, None]
+            y = self.run_expert(experts[expert].to(x.dtype), x[rows]) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
         return out
 
+    def run_expert(self, slot: Tensor, x: Tensor) -> Tensor:
+        """One routed expert held in cache slot ``slot`` (the format of :mod:`.layout`) on rows ``x``."""
+        c = self.config
+        block = c.intermediate_size * c.hidden_size
+        gate = slot[:block].view(c.intermediate_size, c.hidden_size)
+        up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
+        down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
+        return self.expert(x, gate, up, down)
+
+    def expert_input(self, layer: int, hidden: Tensor) -> Tensor:
+        """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""
+        return self.norm(hidden, f"{layer}.post_norm")
+
+    def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+        """One expert (or dense MLP) on rows ``x``: ``down(act(gate(x)) * up(x))``, SiLU unless overridden."""
+        return _swiglu(x, gate, up, down)
+
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
-        x = rms_norm(hidden, self.weights[f"{layer}.post_norm"], self.config.rms_norm_eps)
+        x = self.norm(hidden, f"{layer}.post_norm")
         shared = self.shared_expert(layer, x)
         if shared is not None:
             out = out + shared
@@ -465,26 +537,41 @@ class MoEModel:
     @torch.no_grad()
     def logits(self, hidden: Tensor) -> Tensor:
         """Final norm and LM head: logits ``[T, vocab]`` (the end of a token's last job)."""
-        x = rms_norm(hidden, self.weights["norm"], self.config.rms_norm_eps)
+        x = self.norm(hidden, "norm")
         return F.linear(x, self.weights["lm_head"])
 
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        freqs = positions[:, None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
-        return x * cos + _rotate_half(x) * sin
+    def rope_frequencies(self, layer: int) -> Tensor:
+        """RoPE inverse frequencies of ``layer`` (one per rotated pair of dims; zeros leave a pair as is)."""
+        return self.inv_freq
 
-    def _mask(self, start: int, n: int, total: int) -> Tensor | None:
-        """Boolean ``[n, total]`` mask (True = attend) for queries at ``start..`` over keys ``0..total-1``."""
-        window = self.config.sliding_window
-        if n == 1 and (window is None or total <= window):
-            return None
-        q_pos = torch.arange(start, start + n, device=self.device)[:, None]
-        k_pos = torch.arange(total, device=self.device)[None, :]
-        allowed = k_pos <= q_pos
-        if window is not None:
-            allowed &= k_pos > q_pos - window
-        return allowed
+
+def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor, factor: float = 1.0) -> Tensor:
+    """Rotary embedding of ``x [T, heads, head_dim]``; only the first ``2 * len(inv_freq)`` dims rotate.
+
+    ``factor`` scales cos and sin (YaRN's attention factor; 1 otherwise).
+    """
+    freqs = positions[:, None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = (emb.cos() * factor).to(x.dtype)[:, None, :], (emb.sin() * factor).to(x.dtype)[:, None, :]
+    rotary = emb.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned, kept = x[..., :rotary], x[..., rotary:]
+    return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
+
+
+def _mask(
+    start: int, n: int, first: int, stored: int, window: int | None, device: torch.device
+) -> Tensor | None:
+    """Boolean ``[n, stored]`` mask (True = attend) for queries at ``start..`` over keys at ``first..``."""
+    if n == 1 and (window is None or start - first < window):
+        return None
+    q_pos = torch.arange(start, start + n, device=device)[:, None]
+    k_pos = torch.arange(first, first + stored, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    return allowed
 
 
 def rows_per_expert(ids: Tensor, experts: Collection[int]) -> dict[int, tuple[Tensor, Tensor]]:

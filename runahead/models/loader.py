@@ -27,7 +27,7 @@ import torch
 
 from runahead.models import get_architecture
 from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
-from runahead.models.layout import ExpertLayout, TensorRange
+from runahead.models.layout import ExpertLayout, TensorRange, role_shape
 
 __all__ = ["ModelLoadError", "load_model", "load_reference_slot", "load_tokenizer", "read_config"]
 
@@ -51,6 +51,7 @@ class TensorInfo:
     nbytes: int
     dtype: str
     shape: tuple[int, ...]
+    name: str = ""  # the tensor's name in the file (a wrapper's prefix included)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -65,6 +66,33 @@ def read_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{file}: expected a JSON object")
     return raw
+
+
+def text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The text model's config: a multimodal wrapper's ``text_config`` (its own keys first), else ``raw``.
+
+    Hub checkpoints of Qwen3.5/3.6 and Gemma 4 wrap the MoE text model in a vision-language config;
+    only the text part runs here. Keys the wrapper holds for the text model (``tie_word_embeddings``,
+    token ids) fill in what ``text_config`` leaves out.
+    """
+    inner = raw.get("text_config")
+    if not isinstance(inner, Mapping):
+        return dict(raw)
+    merged = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config", "audio_config")}
+    merged.update(inner)
+    merged.setdefault("model_type", raw.get("model_type"))
+    return merged
+
+
+TEXT_PREFIXES = ("model.language_model.",)
+"""Where multimodal checkpoints keep the text model's tensors; read as if they were under ``model.``."""
+
+
+def _text_name(name: str) -> str:
+    for prefix in TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return "model." + name[len(prefix) :]
+    return name
 
 
 def weight_files(path: str | Path) -> list[Path]:
@@ -111,7 +139,7 @@ def read_header(file: Path) -> dict[str, TensorInfo]:
             raise ModelLoadError(
                 f"{file.name}: tensor {name} has {end - begin} bytes for shape {list(shape)}"
             )
-        infos[name] = TensorInfo(str(file), 8 + length + begin, end - begin, entry["dtype"], shape)
+        infos[name] = TensorInfo(str(file), 8 + length + begin, end - begin, entry["dtype"], shape, name)
     return infos
 
 
@@ -119,7 +147,7 @@ def read_headers(files: list[Path]) -> dict[str, TensorInfo]:
     """The tensors of all files of a checkpoint, by name."""
     infos: dict[str, TensorInfo] = {}
     for file in files:
-        infos.update(read_header(file))
+        infos.update({_text_name(name): info for name, info in read_header(file).items()})
     return infos
 
 
@@ -144,13 +172,21 @@ def expert_layout(arch: type[MoEModel], config: MoEConfig, infos: Mapping[str, T
     """Byte ranges of every routed expert, from per-expert or stacked tensors (detected per layer)."""
     h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
+    biases = False
     for layer in range(config.num_layers):
-        gate_up_name, down_name = arch.stacked_expert_names(layer)
-        if gate_up_name in infos:
-            _, gate_up = _find(infos, (gate_up_name,), (n, 2 * i, h))
-            _, down = _find(infos, (down_name,), (n, h, i))
+        stacked = arch.stacked_expert_tensors(layer)
+        first = stacked[0][0]
+        if first + "_blocks" in infos:
+            raise ModelLoadError(
+                f"tensor {first}_blocks: MXFP4-quantized experts are not supported yet (quantized "
+                "experts are future work); dequantize them to bf16 first (transformers: "
+                "Mxfp4Config(dequantize=True), then save_pretrained)"
+            )
+        if first in infos:
+            found = [(_find(infos, (name,), (n, *role_shape(role, h, i)))[1], role) for name, role in stacked]
             for e in range(n):
-                ranges[layer, e] = (_slice(gate_up, e, "gate_up"), _slice(down, e, "down"))
+                ranges[layer, e] = tuple(_slice(info, e, role) for info, role in found)
+            biases = any(role.endswith("_bias") for _, role in stacked)
             continue
         for e in range(n):
             names = arch.expert_names(layer, e)
@@ -159,7 +195,7 @@ def expert_layout(arch: type[MoEModel], config: MoEConfig, infos: Mapping[str, T
                 _range(_find(infos, (name,), shape)[1], role)
                 for name, shape, role in zip(names, shapes, ("gate", "up", "down"), strict=True)
             )
-    return ExpertLayout(config.num_layers, n, h, i, ranges)
+    return ExpertLayout(config.num_layers, n, h, i, ranges, biases)
 
 
 def _range(info: TensorInfo, role: str) -> TensorRange:
@@ -181,15 +217,15 @@ def load_model(
     """
     from safetensors import safe_open
 
-    raw = read_config(path)
+    raw = text_config(read_config(path))
     arch = get_architecture(str(raw.get("model_type")))
     config = arch.parse_config(raw)
     infos = read_headers(weight_files(path))
     names = arch.weight_names(config)
     by_file: dict[str, list[tuple[str, str]]] = {}
     for key, shape in arch.weight_shapes(config).items():
-        name, info = _find(infos, names[key], shape)
-        by_file.setdefault(info.path, []).append((key, name))
+        _, info = _find(infos, names[key], shape)
+        by_file.setdefault(info.path, []).append((key, info.name))
     weights: dict[str, torch.Tensor] = {}
     for file, wanted in by_file.items():
         with safe_open(file, framework="pt") as f:
@@ -223,7 +259,16 @@ def load_reference_slot(
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved in the model folder, loaded offline with ``transformers.AutoTokenizer``."""
+    """The tokenizer saved in the model folder, loaded offline with ``transformers.AutoTokenizer``.
+
+    Raises ``FileNotFoundError`` when the folder has no tokenizer files (``transformers`` would
+    otherwise load an empty vocabulary that encodes every text to no tokens).
+    """
     from transformers import AutoTokenizer
+
+    from runahead.tokenizer import TOKENIZER_FILES, has_tokenizer
+
+    if not has_tokenizer(path):
+        raise FileNotFoundError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
 
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
