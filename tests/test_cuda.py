@@ -26,7 +26,12 @@ pytestmark = pytest.mark.cuda
 
 @pytest.fixture(scope="module", params=ARCHS)
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+    import transformers
+
+    try:
+        return build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+    except (ValueError, KeyError) as err:  # an older transformers without this architecture
+        pytest.skip(f"transformers {transformers.__version__} cannot build {request.param}: {err}")
 
 
 def test_float32_gives_transformers_tokens_on_the_gpu(model: Path) -> None:
