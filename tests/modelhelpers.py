@@ -300,6 +300,9 @@ def compare_with_transformers(
         return model.to(device).eval()
 
     same, exact = load(dtype), load(torch.float32)
+    # the runtime does not stop at EOS, so neither may the reference (min_new_tokens would instead
+    # forbid EOS, changing the argmax wherever the greedy choice is EOS)
+    same.generation_config.eos_token_id = None
     divergence: int | None = None
     logit_error = reference_error = 0.0
     ours_diffs, reference_diffs = [], []
@@ -307,9 +310,7 @@ def compare_with_transformers(
         ids = torch.tensor([prompt], device=device)
         with torch.no_grad():
             mask = torch.ones_like(ids)
-            out = same.generate(
-                ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
-            )
+            out = same.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False)
         theirs = out[0, len(prompt) :].tolist()
         differ = [t for t, (a, b) in enumerate(zip(ours[i], theirs, strict=True)) if a != b]
         if differ and (divergence is None or differ[0] < divergence):
