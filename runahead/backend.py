@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from runahead.jobs import ExpertKey, Group, JobResult, RequestSpec
+
+if TYPE_CHECKING:
+    from runahead.cache import ExpertCache
 
 
 @runtime_checkable
@@ -43,6 +46,22 @@ class Backend(Protocol):
         Every expert of every job is resident (and pinned) for the whole call.
         """
         ...
+
+
+class BrokenPromise(AssertionError):
+    """A backend found that the runtime broke the protocol's promise (a job computed before its
+    experts were resident and pinned). A bug in the runtime: it stops the run, never isolated."""
+
+
+@runtime_checkable
+class CacheWatcher(Protocol):
+    """A backend that checks the runtime keeps the cache's promises (the sim does, for the tests).
+
+    The runtime hands such a backend its expert cache once, before any request runs; the backend
+    may then verify, at every compute, that each expert of each job is resident and pinned.
+    """
+
+    def watch(self, cache: ExpertCache) -> None: ...
 
 
 BUILTIN_BACKENDS = {"sim": "runahead.backends.sim", "torch": "runahead.backends.torch"}

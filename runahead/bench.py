@@ -32,6 +32,7 @@ from runahead.metrics import (
     total,
     union,
 )
+from runahead.policy import check_concurrency
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.specs import ModelSpec, load_model_spec, load_profile
 from runahead.trace import RoutingTrace, default_trace
@@ -103,6 +104,7 @@ class BenchPoint:
             raise ValueError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        check_concurrency(self.policy, self.concurrency)
 
 
 def cache_slots(model: ModelSpec, cache_fraction: float) -> int:
@@ -167,11 +169,15 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     of requests that join in between run inside the window and are charged to it. Either way
     ``tokens_per_s`` counts generated tokens only (prompt tokens are never counted as throughput).
     """
-    model = load_model_spec(point.model)
+    recorded = trace.spec if trace is not None else None
+    use_recorded = recorded is not None and point.model == recorded.name
+    model = recorded if recorded is not None and use_recorded else load_model_spec(point.model)
     profile = load_profile(point.profile)
     specs = agentic_specs(point) if point.workload == "agentic" else chat_specs(point)
     if trace is None:
         trace = default_trace(model, len(specs), point.warmup_steps + point.steps, point.seed)
+    else:
+        check_trace(trace, point)
     if (trace.num_layers, trace.top_k) != (model.num_layers, model.top_k):
         raise ValueError(
             f"trace has {trace.num_layers} layers x top-{trace.top_k}, model {model.name} has "
@@ -230,6 +236,27 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     if timeline is not None:
         timeline(runtime)
     return row
+
+
+def check_trace(trace: RoutingTrace, point: BenchPoint) -> None:
+    """Refuse a recorded trace with fewer requests than ``point.concurrency``, or too few steps.
+
+    Reusing one recorded request for several concurrent ones would make them share every expert, a
+    workload nobody ran. (The ``agentic`` workload's later turns do reuse the trace's requests in turn.)
+    """
+    if trace.num_requests < point.concurrency:
+        raise ValueError(
+            f"the trace holds {trace.num_requests} request(s), fewer than concurrency {point.concurrency}: "
+            f"record as many (runahead generate ... --concurrency {point.concurrency} --record-trace) "
+            "or lower --concurrency"
+        )
+    needed = point.warmup_steps + point.steps
+    shortest = int(trace.lengths[: point.concurrency].min())
+    if shortest < needed:
+        raise ValueError(
+            f"the trace's requests hold {shortest} decode steps, fewer than --warmup-steps "
+            f"{point.warmup_steps} + --steps {point.steps}: lower them or record more tokens"
+        )
 
 
 async def closed_loop(runtime: Runtime, specs: Sequence[RequestSpec], concurrency: int) -> float | None:

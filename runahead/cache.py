@@ -49,6 +49,7 @@ class CacheStats:
     prefetches: int = 0
     evictions: int = 0
     wasted_prefetches: int = 0
+    failed_fetches: int = 0
 
 
 class CacheFullError(RuntimeError):
@@ -216,6 +217,23 @@ class ExpertCache:
         if entry.refcount == 0:
             self._evictable += 1
             self.eviction.add(key)
+
+    def abort(self, key: ExpertKey) -> None:
+        """The fetch of ``key`` failed: free its slot; the entry is ``WANTED`` again while pinned.
+
+        Jobs still pinning it are failed by the caller; their unpins then forget the entry, so a
+        later request fetches it afresh.
+        """
+        entry = self._entries[key]
+        if entry.state is not EntryState.PENDING:
+            raise RuntimeError(f"fetch failure for {key}, which is {entry.state.value}")
+        assert entry.slot is not None
+        self._free_slots.append(entry.slot)
+        self.stats.failed_fetches += 1
+        if entry.refcount:
+            entry.state, entry.slot = EntryState.WANTED, None
+        else:
+            del self._entries[key]
 
     def warm(self, keys: Iterable[ExpertKey]) -> None:
         """Load ``keys`` as if fetched and used once, before any job runs (no cost is charged).

@@ -1,4 +1,10 @@
-"""``runahead`` command line. It only builds configs and calls the public API."""
+"""``runahead`` command line. It only builds configs and calls the public API.
+
+Bad arguments get one line naming the option and exit code 2 (checked by argparse's types in
+:mod:`runahead.cli_args`, or by the configs the commands build); a missing optional package gets one
+line naming the extra to install. Long work shows a progress bar on a terminal; log lines go
+through structlog (``--log-json`` for JSON).
+"""
 
 from __future__ import annotations
 
@@ -6,156 +12,78 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from runahead import cli_args as a
 
+DTYPES = ["auto", "float32", "bfloat16", "float16"]
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA, float32 on CPU)."""
 
-def _list(kind: Callable[[str], T], what: str) -> Callable[[str], list[T]]:
-    def parse(text: str) -> list[T]:
-        try:
-            return [kind(part) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{what}: expected a comma-separated list, got {text!r}"
-            ) from None
-
-    return parse
-
-
-def _barriers(text: str) -> list[bool]:
-    values = {"on": True, "off": False}
-    try:
-        return [values[part] for part in text.split(",")]
-    except KeyError:
-        raise argparse.ArgumentTypeError(
-            f"--step-barrier: expected on, off or on,off; got {text!r}"
-        ) from None
-
-
-def _policies(text: str) -> list[str]:
-    from runahead.policy import parse_policy
-
-    specs = [part for part in text.split(",") if part.strip()]
-    try:
-        for spec in specs:
-            parse_policy(spec)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return specs
+MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE: 'small' or 'medium'"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand; every option has a help line (with its default, where it has one)."""
     from runahead import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="runahead", description="Runahead inference for offloaded MoE models."
+    common = a.Parser(add_help=False)
+    common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
+    common.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log threshold"
+    )
+    parser = a.Parser(
+        prog="runahead",
+        description="Runahead inference for offloaded MoE models.",
+        formatter_class=a.HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"runahead {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    bench = commands.add_parser(
-        "bench",
-        help="compare scheduling policies side by side",
-        description="Run every (policy, concurrency, cache fraction, barrier) point and print a table. "
-        "Policies: runahead, sync, prefetch-gate, prefetch-history, runahead+prefetch, with knobs as "
-        "NAME/compute=fifo/fetch=global-srtf/grouping=static:2:2:2.",
+
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common], formatter_class=a.HelpFormatter, **kwargs)
+
+    _add_bench(
+        command("bench", help="compare scheduling policies side by side", description=BENCH_DESCRIPTION)
     )
-    bench.add_argument(
-        "what",
-        nargs="?",
-        choices=["paper"],
-        help="'paper': regenerate the paper's figures on the sim (PNG + JSONL per figure) into --out",
-    )
-    bench.add_argument("--quick", action="store_true", help="paper: the short version (under 3 minutes)")
-    bench.add_argument("--workers", type=int, default=2, help="paper: parallel worker processes")
-    bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
-    bench.add_argument("--backend", default="sim", choices=["sim", "torch"])
-    bench.add_argument(
-        "--model",
-        default=None,
-        help="sim: a model spec name or TOML path (default qwen3.6-35b-a3b); "
-        "torch: a Hugging Face folder or 'medium' (built once, ~3 GB)",
-    )
-    bench.add_argument(
-        "--store", default="disk", choices=["disk", "host"], help="torch: where experts come from"
-    )
-    bench.add_argument("--device", default="cpu", help="torch: cpu or cuda")
-    bench.add_argument("--profile", default="thor", help="hardware profile name or TOML path")
-    bench.add_argument(
-        "--policy", type=_policies, default=["sync", "prefetch-gate", "prefetch-history", "runahead"]
-    )
-    bench.add_argument("--concurrency", type=_list(int, "--concurrency"), default=[2, 4, 8, 16])
-    bench.add_argument("--cache-fraction", type=_list(float, "--cache-fraction"), default=[0.3])
-    bench.add_argument("--steps", type=int, default=256, help="decode steps per request")
-    bench.add_argument("--workload", default="chat")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--step-barrier", type=_barriers, default=[True], metavar="on|off|on,off")
-    bench.add_argument("--eviction", default="lfu", choices=["lfu", "lru"])
-    bench.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=8,
-        help="trace steps replayed into the cache before decoding (what the prompt left there)",
-    )
-    bench.add_argument(
-        "--zero-cost",
-        action="store_true",
-        help="charge no time for compute or reads, to measure the runtime's own overhead per job",
-    )
-    bench.add_argument(
-        "--trace", type=Path, help="a recorded routing trace (.npz) instead of the synthetic one"
-    )
-    bench.add_argument("--out", type=Path, help="write DIR/results.jsonl, one row per point")
-    bench.add_argument("--quiet", action="store_true", help="print only the final table")
-    bench.add_argument(
-        "--timeline",
-        type=Path,
-        help="write each point's run as a Chrome-trace / Perfetto JSON (FILE, or FILE-<i>.json for several)",
-    )
-    demo = commands.add_parser(
+    demo = command(
         "demo",
         help="the embedded default: a small random model served under sync and runahead, side by side",
         description="Builds (once, cached) a small random Qwen3-MoE, then decodes several requests at once "
         "with its experts read from disk (O_DIRECT) into a cache holding a fraction of them, under sync "
-        "and runahead, and prints the comparison. No download.",
+        "and runahead, and prints the comparison: the ratio of their tokens/s over a few repeats. "
+        "No download.",
     )
-    demo.add_argument("--concurrency", type=int, default=8)
-    demo.add_argument("--tokens", type=int, default=32, help="decode steps measured per request")
-    demo.add_argument("--cache-fraction", type=float, default=0.3)
-    demo.add_argument("--store", default="disk", choices=["disk", "host"])
-
-    serve = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    serve.add_argument("model", help="a Hugging Face folder, or 'medium'")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--concurrency", type=a.integer(1), default=8, help="requests decoding at once")
+    demo.add_argument("--tokens", type=a.integer(1), default=32, help="decode steps measured per request")
+    demo.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
+    demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
+    demo.add_argument(
+        "--repeats",
+        type=a.integer(1),
+        default=3,
+        help="sync/runahead pairs run; the ratio's median and range",
+    )
+    serve = command("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    serve.add_argument("model", help=MODEL_HELP)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (loopback: this machine only)"
+    )
+    serve.add_argument("--port", type=a.integer(0, 65535), default=8000, help="TCP port (0: any free port)")
     serve.add_argument("--model-name", help="the name clients ask for (default: the folder's name)")
-    serve.add_argument("--backend", default="torch", choices=["torch"])
-    serve.add_argument("--device", default="cpu")
-    serve.add_argument("--policy", default="runahead")
-    serve.add_argument("--cache-fraction", type=float, default=0.3)
-    serve.add_argument("--store", default="disk", choices=["disk", "host"])
-    serve.add_argument("--log-json", action="store_true", help="JSON log lines instead of the console format")
-    serve.add_argument("--log-level", default="info")
-
-    gen = commands.add_parser("generate", help="generate with a real model (torch backend)")
-    gen.add_argument(
-        "model", help="a Hugging Face folder (config.json + safetensors + tokenizer), or 'medium'"
-    )
+    _add_engine_options(serve)
+    gen = command("generate", help="generate with a real model (torch backend)")
+    gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
-    source.add_argument("--prompt-ids", type=_list(int, "--prompt-ids"), help="prompt token ids: 1,2,3")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None, help="copy i samples with seed + i")
-    gen.add_argument("--policy", default="runahead")
-    gen.add_argument("--backend", default="torch", choices=["torch"])
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--store", default="disk", choices=["disk", "host"])
-    gen.add_argument("--cache-fraction", type=float, default=0.3)
-    gen.add_argument("--concurrency", type=int, default=1, help="copies of the prompt run at once")
-    gen.add_argument("--step-barrier", choices=["on", "off"], default="on")
+    source.add_argument("--prompt-ids", type=a.token_ids, help="prompt token ids: 1,2,3")
+    gen.add_argument("--max-tokens", type=a.integer(1), default=32, help="tokens to generate per request")
+    gen.add_argument("--temperature", type=a.number(0.0, 100.0), default=0.0, help="0 samples greedily")
+    gen.add_argument("--top-p", type=a.number(0.0, 1.0, open_low=True), default=1.0, help="nucleus mass kept")
+    gen.add_argument("--top-k", type=a.integer(0), default=0, help="most likely tokens kept (0: all)")
+    gen.add_argument("--seed", type=int, default=None, help="copy i samples with seed + i (default: random)")
+    _add_engine_options(gen)
+    gen.add_argument("--concurrency", type=a.integer(1), default=1, help="copies of the prompt run at once")
+    gen.add_argument("--step-barrier", choices=["on", "off"], default="on", help="one step at a time")
     gen.add_argument("--record-trace", type=Path, help="write the experts each request selected (.npz)")
     gen.add_argument("--json", action="store_true", help="one JSON object per request")
     gen.add_argument("--timeline", type=Path, help="write the run as a Chrome-trace / Perfetto JSON file")
@@ -167,15 +95,118 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BENCH_DESCRIPTION = (
+    "Run every (policy, concurrency, cache fraction, barrier) point and print a table. Policies: runahead, "
+    "sync, prefetch-gate, prefetch-history, runahead+prefetch, with knobs as "
+    "NAME/compute=fifo/fetch=global-srtf/grouping=static:2:2:2."
+)
+
+
+def _add_bench(bench: argparse.ArgumentParser) -> None:
+    bench.add_argument(
+        "what",
+        nargs="?",
+        choices=["paper"],
+        help="'paper': regenerate the paper's figures on the sim (PNG + JSONL per figure) into --out",
+    )
+    bench.add_argument("--quick", action="store_true", help="paper: the short version (under 3 minutes)")
+    bench.add_argument(
+        "--tiny", action="store_true", help="paper: a check that it runs (seconds; the tests')"
+    )
+    bench.add_argument("--workers", type=a.integer(1), default=2, help="paper: parallel worker processes")
+    bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
+    bench.add_argument(
+        "--backend", default="sim", choices=["sim", "torch"], help="virtual time, or a real model"
+    )
+    bench.add_argument(
+        "--model",
+        default=None,
+        help="sim: a model spec name or TOML path (default: the --trace's recorded model, else "
+        "qwen3.6-35b-a3b); torch: " + MODEL_HELP + " (default: medium, ~3 GB)",
+    )
+    bench.add_argument(
+        "--store", default="disk", choices=["disk", "host"], help="torch: where experts are read from"
+    )
+    bench.add_argument("--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N")
+    bench.add_argument("--dtype", default="float32", choices=DTYPES, help="torch: compute and cache dtype")
+    bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
+    bench.add_argument(
+        "--policy",
+        type=a.listed(a.policy),
+        default=["sync", "prefetch-gate", "prefetch-history", "runahead"],
+        help="comma-separated policy specs",
+    )
+    bench.add_argument(
+        "--concurrency", type=a.listed(a.integer(1)), default=[2, 4, 8, 16], help="requests at once"
+    )
+    bench.add_argument(
+        "--cache-fraction",
+        type=a.listed(a.FRACTION),
+        default=[0.3],
+        help="share of all routed experts cached",
+    )
+    bench.add_argument("--steps", type=a.integer(1), default=256, help="decode steps measured per request")
+    bench.add_argument("--workload", default="chat", choices=["chat", "agentic"], help="sim: the request mix")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing and the prompts")
+    bench.add_argument(
+        "--step-barrier", type=a.barriers, default=[True], metavar="on|off|on,off", help="one step at a time"
+    )
+    bench.add_argument("--eviction", default="lfu", choices=["lfu", "lru"], help="cache eviction policy")
+    bench.add_argument(
+        "--warmup-steps",
+        type=a.integer(0),
+        default=8,
+        help="steps run before measuring (sim: replayed into the cache, what the prompt left there)",
+    )
+    bench.add_argument(
+        "--zero-cost",
+        action="store_true",
+        help="sim: charge no time for compute or reads, to measure the runtime's own overhead per job",
+    )
+    bench.add_argument(
+        "--trace",
+        type=Path,
+        help="sim: a recorded routing trace (.npz, see generate --record-trace) instead of the synthetic one",
+    )
+    bench.add_argument("--out", type=Path, help="write DIR/results.jsonl, one row per point (paper: needed)")
+    bench.add_argument("--quiet", action="store_true", help="print only the final table")
+    bench.add_argument(
+        "--timeline",
+        type=Path,
+        help="write each point's run as a Chrome-trace / Perfetto JSON (FILE, or FILE-<i>.json for several)",
+    )
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="torch", choices=["torch"], help="the compute backend")
+    parser.add_argument("--device", type=a.device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="compute and cache dtype (auto: bfloat16 on CUDA, else float32)",
+    )
+    parser.add_argument("--policy", type=a.policy, default="runahead", help="scheduling policy spec")
+    parser.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
+    parser.add_argument(
+        "--store", default="disk", choices=["disk", "host"], help="where experts are read from"
+    )
+
+
 def run_generate(args: argparse.Namespace) -> int:
     import json
 
     from runahead.generate import generate
+    from runahead.policy import check_concurrency
     from runahead.sampling import SamplingParams
+    from runahead.tokenizer import has_tokenizer
     from runahead.torchbench import resolve_model
 
-    _check_serving_options(args)
+    check_concurrency(args.policy, args.concurrency)
+    a.check_device(args.device)
     model = resolve_model(args.model)
+    if args.prompt is not None and not has_tokenizer(model):
+        raise ValueError(f"{args.model} has no tokenizer, so it cannot take --prompt: give --prompt-ids")
     eos = _eos_token(model)
     sampling = SamplingParams(
         max_tokens=args.max_tokens,
@@ -185,13 +216,14 @@ def run_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop_token_ids=frozenset() if eos is None else frozenset({eos}),
     )
-    streaming = args.concurrency == 1 and not args.json
+    streaming = args.concurrency == 1 and not args.json and has_tokenizer(model)
     completions = generate(
         model,
         args.prompt if args.prompt is not None else list(args.prompt_ids),
         sampling,
         policy=args.policy,
         device=args.device,
+        dtype=args.dtype,
         store=args.store,
         cache_fraction=args.cache_fraction,
         concurrency=args.concurrency,
@@ -228,68 +260,69 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
-    from runahead.server import serve
+    from runahead.server import EngineStopped, serve
     from runahead.torchbench import resolve_model
 
-    _check_serving_options(args)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
-        asyncio.run(
-            serve(
-                resolve_model(args.model),
-                host=args.host,
-                port=args.port,
-                model_name=args.model_name,
-                log_json=args.log_json,
-                log_level=args.log_level,
-                backend=args.backend,
-                device=args.device,
-                policy=args.policy,
-                cache_fraction=args.cache_fraction,
-                store=args.store,
+    a.check_device(args.device)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
+            asyncio.run(
+                serve(
+                    resolve_model(args.model),
+                    host=args.host,
+                    port=args.port,
+                    model_name=args.model_name,
+                    log_json=args.log_json,
+                    log_level=args.log_level,
+                    backend=args.backend,
+                    device=args.device,
+                    dtype=args.dtype,
+                    policy=args.policy,
+                    cache_fraction=args.cache_fraction,
+                    store=args.store,
+                )
             )
-        )
+    except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
+        print(f"runahead: {stopped}", file=sys.stderr)
+        return 1
     return 0
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from runahead.bench import format_table
-    from runahead.medium import small_model
-    from runahead.torchbench import TorchPoint, run_torch_point
+    import statistics
 
-    path = str(small_model())
-    rows = []
-    for policy in ("sync", "runahead"):
-        print(
-            f"decoding {args.concurrency} requests x {args.tokens} tokens under {policy} ...", file=sys.stderr
-        )
-        point = TorchPoint(
-            path, policy, args.concurrency, args.cache_fraction, args.tokens, store=args.store, warmup_steps=4
-        )
-        rows.append(run_torch_point(point))
-    print(format_table(rows))
-    same = rows[0]["token_digest"] == rows[1]["token_digest"]
+    from runahead.bench import format_table
+    from runahead.demo import run_pairs
+
+    rows, ratios = run_pairs(args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats)
+    print(format_table(rows[-2:]))
+    same = len({row["token_digest"] for row in rows}) == 1
+    low, median, high = min(ratios), statistics.median(ratios), max(ratios)
     print(
-        f"\nrunahead: {rows[1]['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x the tokens/s of sync; "
-        f"outputs identical under both policies: {'yes' if same else 'NO'}"
+        f"\nrunahead / sync tokens/s over {len(ratios)} repeat(s): median {median:.2f}x "
+        f"(range {low:.2f}-{high:.2f}x: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
+        f"\noutputs identical under both policies in every run: {'yes' if same else 'NO'}"
     )
     return 0 if same else 1
 
 
 def run_bench(args: argparse.Namespace) -> int:
     from runahead.bench import format_table, run_sweep, sweep
+    from runahead.progress import progress_bar
     from runahead.trace import RoutingTrace
 
     if args.what == "paper":
-        from runahead.paper import run_paper
-
-        if args.out is None:
-            raise ValueError("runahead bench paper needs --out DIR")
-        run_paper(args.out, quick=args.quick, workers=args.workers, resume=not args.no_resume)
-        return 0
+        return run_paper_command(args)
     if args.backend == "torch":
         return run_torch_bench(args)
+    trace = RoutingTrace.load(args.trace) if args.trace else None
+    model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
+    if trace is not None and model is None:
+        raise ValueError(
+            f"{args.trace} carries no model spec (it was not recorded by generate): give --model"
+        )
     points = sweep(
-        args.model or "qwen3.6-35b-a3b",
+        model or "qwen3.6-35b-a3b",
         args.profile,
         args.policy,
         args.concurrency,
@@ -302,11 +335,43 @@ def run_bench(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         zero_cost=args.zero_cost,
     )
-    trace = RoutingTrace.load(args.trace) if args.trace else None
-    rows = run_sweep(points, args.out, trace, _progress(len(points), args.quiet), timeline=args.timeline)
+    with progress_bar("bench", len(points), enabled=not args.quiet) as advance:
+        report = _progress(len(points), args.quiet, advance)
+        rows = run_sweep(points, args.out, trace, report, timeline=args.timeline)
     print(format_table(rows))
     if args.out:
         print(f"\nwrote {args.out / 'results.jsonl'}")
+    return 0
+
+
+def run_paper_command(args: argparse.Namespace) -> int:
+    import structlog
+
+    from runahead.paper import run_paper
+    from runahead.paper.runner import describe
+    from runahead.progress import progress_bar
+
+    if args.out is None:
+        raise ValueError("runahead bench paper needs --out DIR")
+    log = structlog.get_logger("runahead.paper")
+    with progress_bar("paper points", None, enabled=not args.quiet) as advance:
+
+        def report(index: int, count: int, point: Any, row: dict[str, Any]) -> None:
+            advance(index)
+            if not args.quiet:
+                log.info(
+                    "point done", done=f"{index}/{count}", point=describe(point), wall_s=row.get("wall_s")
+                )
+
+        written = run_paper(
+            args.out,
+            quick=args.quick,
+            tiny=args.tiny,
+            workers=args.workers,
+            resume=not args.no_resume,
+            progress=report,
+        )
+    print(f"wrote {len(written)} files into {args.out}")
     return 0
 
 
@@ -314,11 +379,14 @@ def run_torch_bench(args: argparse.Namespace) -> int:
     import itertools
 
     from runahead.bench import format_table, run_sweep
-    from runahead.torchbench import TorchPoint, run_torch_point
+    from runahead.progress import progress_bar
+    from runahead.torchbench import TorchPoint, resolve_model, run_torch_point
 
+    a.check_device(args.device)
+    model = resolve_model(args.model or "medium")
     points = [
         TorchPoint(
-            args.model or "medium",
+            model,
             policy,
             concurrency,
             fraction,
@@ -329,59 +397,68 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.eviction,
             args.warmup_steps,
             args.seed,
+            dtype=args.dtype,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy
         )
     ]
-    progress = _progress(len(points), args.quiet)
-    rows = run_sweep(points, args.out, progress=progress, timeline=args.timeline, run=run_torch_point)
+    with progress_bar("bench", len(points), enabled=not args.quiet) as advance:
+        report = _progress(len(points), args.quiet, advance)
+        rows = run_sweep(points, args.out, progress=report, timeline=args.timeline, run=run_torch_point)
     print(format_table(rows))
     return 0
 
 
-def _check_serving_options(args: argparse.Namespace) -> None:
-    """Refuse a bad policy or cache fraction before a model is loaded."""
-    from runahead.policy import parse_policy
+def _progress(total: int, quiet: bool, advance: Callable[[int], None]) -> Callable[[dict[str, Any]], None]:
+    """A log line per finished bench point (and the bar moved on)."""
+    import structlog
 
-    parse_policy(args.policy)
-    if not 0 < args.cache_fraction <= 1:
-        raise ValueError(f"cache fraction must lie in (0, 1], got {args.cache_fraction}")
-
-
-def _progress(total: int, quiet: bool) -> Callable[[dict[str, Any]], None]:
-    """A progress line on stderr per finished bench point."""
+    log = structlog.get_logger("runahead.bench")
     done = 0
 
     def report(row: dict[str, Any]) -> None:
         nonlocal done
         done += 1
+        advance(done)
         if not quiet:
-            print(
-                f"[{done}/{total}] {row['policy']} x{row['concurrency']} cache {row['cache_fraction']:.2f}: "
-                f"{row['tokens_per_s']:.2f} tok/s ({row['wall_s']:.1f} s)",
-                file=sys.stderr,
-                flush=True,
+            log.info(
+                "point done",
+                done=f"{done}/{total}",
+                policy=row["policy"],
+                concurrency=row["concurrency"],
+                cache_fraction=row["cache_fraction"],
+                tokens_per_s=round(row["tokens_per_s"], 2),
+                wall_s=round(row["wall_s"], 1),
             )
 
     return report
 
 
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "bench": run_bench,
+    "generate": run_generate,
+    "demo": run_demo,
+    "serve": run_serve,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the command; the exit status (2 for a bad argument)."""
+    from runahead.logs import configure_logging
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(json=args.log_json, level=args.log_level)
     try:
-        if args.command == "bench":
-            return run_bench(args)
-        if args.command == "generate":
-            return run_generate(args)
-        if args.command == "demo":
-            return run_demo(args)
-        if args.command == "serve":
-            return run_serve(args)
+        return COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError) as error:
-        parser.exit(2, f"runahead: error: {error}\n")
-    return 2
+        parser.exit(2, f"runahead {args.command}: error: {error}\n")
+    except ModuleNotFoundError as error:
+        hint = a.missing_extra(error)
+        if hint is None:
+            raise
+        parser.exit(1, f"runahead {args.command}: error: {hint}\n")
 
 
 if __name__ == "__main__":

@@ -11,16 +11,26 @@ Every ``generate`` call is one request of the running runtime: calls made from m
 interleave (continuous batching: requests join and leave at any time, prompts are processed in
 chunks between other requests' tokens). Cancelling the consuming task cancels the request, which
 releases its cache pins and KV cache at once. The engine imports no HTTP.
+
+The runtime runs in a task of its own. A failed expert read or group compute fails only the
+requests that needed it (their ``generate`` raises :class:`RequestFailed` naming the expert and
+the file); :meth:`Engine.health` says ``degraded`` meanwhile. Should the runtime stop (an error it
+cannot isolate), every running request fails with the reason, :attr:`Engine.failure` holds it
+and :meth:`Engine.wait_stopped` returns. Closing the engine fails the requests still running with
+a clear error rather than ending their streams silently.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from runahead.health import RequestFailed
 from runahead.jobs import RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
@@ -56,6 +66,10 @@ class Engine:
         self.vocab_size = vocab_size
         self._ids = itertools.count()
         self._running = False
+        self._stop = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+        self.failure: BaseException | None = None
+        """The error that stopped the runtime, if one did."""
 
     @classmethod
     async def open(
@@ -72,12 +86,14 @@ class Engine:
         record_selections: bool = False,
         keep_records: bool = False,
         batch_invariant: bool = False,
+        dtype: str = "auto",
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with.
+        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA, float32 on CPU).
         """
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
@@ -90,6 +106,7 @@ class Engine:
             device=device,
             store=store,  # type: ignore[arg-type]
             batch_invariant=batch_invariant,
+            dtype=dtype,
         )
         config = torch_backend.model.config
         runtime = Runtime(
@@ -117,20 +134,58 @@ class Engine:
         return engine
 
     async def start(self) -> None:
-        """Start the runtime's actors."""
-        await self.runtime.__aenter__()
+        """Start the runtime's actors in a task of their own."""
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._supervisor = asyncio.create_task(self._supervise(started), name="runahead-engine")
+        await started
         self._running = True
 
-    async def close(self) -> None:
-        """Cancel what is still running, stop the actors and free the backend."""
-        if not self._running:
-            return
-        self._running = False
-        for handle in list(self.runtime.handles.values()):
-            handle.cancel()
+    async def _supervise(self, started: asyncio.Future[None]) -> None:
+        """Run the runtime until :meth:`close`; record the error if it stops by itself."""
         try:
-            await self.runtime.__aexit__(None, None, None)
+            async with self.runtime:
+                started.set_result(None)
+                await self._stop.wait()
+        except Exception as error:
+            if not started.done():
+                started.set_exception(error)
+                return
+            self.failure = error
         finally:
+            self._running = False
+
+    @property
+    def running(self) -> bool:
+        """True from :meth:`open` until the engine is closed or its runtime stops."""
+        return self._running
+
+    async def wait_stopped(self) -> BaseException | None:
+        """Wait until the runtime stops (closed, or failed); return the error if it failed."""
+        if self._supervisor is not None:
+            await asyncio.shield(self._supervisor)
+        return self.failure
+
+    def health(self) -> dict[str, object]:
+        """``status``: ``ok``, ``degraded`` (reads or computes failing; ``reason`` says which) or
+        ``failed`` (the runtime stopped; ``reason`` says why), with failure counters."""
+        if self.failure is not None:
+            return {**self.runtime.health.report(0.0), "status": "failed", "reason": repr(self.failure)}
+        if not self._running:
+            return {**self.runtime.health.report(0.0), "status": "failed", "reason": "the engine is closed"}
+        return self.runtime.health_report()
+
+    async def close(self) -> None:
+        """Fail what is still running (with a clear error), stop the actors and free the backend."""
+        if self._supervisor is None:
+            return
+        for handle in list(self.runtime.handles.values()):
+            self.runtime.fail(handle.request, "the engine was closed while it ran")
+        self._stop.set()
+        try:
+            with contextlib.suppress(Exception):  # a failure is kept in self.failure
+                await self._supervisor
+        finally:
+            self._supervisor = None
             close = getattr(self.runtime.backend, "close", None)
             if close is not None:
                 close()
@@ -179,7 +234,9 @@ class Engine:
     ) -> AsyncIterator[Chunk]:
         """Stream one generation. Stopping the iteration (or cancelling its task) cancels it."""
         if not self._running:
-            raise RuntimeError("the engine is closed")
+            raise RequestFailed(
+                "the engine is closed" if self.failure is None else f"the engine stopped: {self.failure!r}"
+            )
         params = params or SamplingParams()
         ids = self.encode(prompt)
         self._check(ids, params)

@@ -10,9 +10,14 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runahead.runtime import Runtime
 from runahead.sampling import SamplingParams
+from runahead.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from runahead.models.base import MoEConfig
 
 
 @dataclass(slots=True)
@@ -31,6 +36,7 @@ def generate(
     *,
     policy: str = "runahead",
     device: str = "cpu",
+    dtype: str = "auto",
     store: str = "disk",
     cache_fraction: float = 0.3,
     concurrency: int = 1,
@@ -53,6 +59,7 @@ def generate(
         engine = await Engine.open(
             model,
             device=device,
+            dtype=dtype,
             store=store,
             cache_fraction=cache_fraction,
             policy=policy,
@@ -76,7 +83,7 @@ def generate(
 
             completions = list(await asyncio.gather(*(one(i) for i in range(concurrency))))
             if record_trace:
-                save_trace(engine.runtime, record_trace, model=Path(model).name)
+                save_trace(engine.runtime, record_trace, model=Path(model).name, folder=model)
             if timeline is not None:
                 from runahead.timeline import write_chrome_trace
 
@@ -86,21 +93,44 @@ def generate(
     return asyncio.run(run())
 
 
-def save_trace(runtime: Runtime, path: str | Path, *, model: str = "") -> None:
+def save_trace(
+    runtime: Runtime, path: str | Path, *, model: str = "", folder: str | Path | None = None
+) -> None:
     """Write the experts each request selected at each decode step and layer as a routing trace file.
 
-    Prefill passes are left out: a prompt chunk selects the union of its tokens' experts.
+    With the model's ``folder``, the trace also carries its :class:`~runahead.specs.ModelSpec`, so
+    ``runahead bench --trace`` replays it on the sim without a hand-written spec.
     """
     from runahead.trace import RoutingTrace
 
-    layers = runtime.backend.num_layers
-    selections = []
-    for request in sorted(runtime.recorder.selections):
-        steps: dict[int, list[tuple[int, ...]]] = {}
-        for step, layer, experts in runtime.recorder.selections[request]:
-            steps.setdefault(step, [()] * layers)[layer] = experts
-        selections.append([steps[s] for s in sorted(steps)])
-    if not selections or not any(selections):
-        raise ValueError("no decode step was recorded: the trace needs at least two generated tokens")
-    num_experts = runtime.backend.model.config.num_experts  # type: ignore[attr-defined]
-    RoutingTrace.from_selections(selections, num_experts, model=model).save(path)
+    config = runtime.backend.model.config  # type: ignore[attr-defined]
+    spec = recorded_spec(config, folder, model) if folder is not None else None
+    trace = RoutingTrace.from_recorder(
+        runtime.recorder.selections, runtime.backend.num_layers, config.num_experts, model=model, spec=spec
+    )
+    trace.save(path)
+
+
+def recorded_spec(config: MoEConfig, folder: str | Path, name: str) -> ModelSpec:
+    """The :class:`~runahead.specs.ModelSpec` of a loaded model: its shape and its files' precision."""
+    from runahead.models.loader import read_config
+
+    raw = read_config(folder)
+    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
+    bits = {"float32": 32, "float16": 16, "bfloat16": 16}.get(dtype, 16)
+    return ModelSpec(
+        name=name,
+        num_layers=config.num_layers,
+        num_experts=config.num_experts,
+        top_k=config.top_k,
+        hidden_size=config.hidden_size,
+        expert_width=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        num_attention_heads=config.num_attention_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        bits_per_weight=bits,
+        num_shared_experts=1 if config.shared_expert_size else 0,
+        shared_expert_width=config.shared_expert_size,
+        sources=(f"recorded by runahead generate from {Path(folder).name}/config.json",),
+    )

@@ -3,7 +3,9 @@
 It stands in for a real checkpoint on machines that cannot download one: hidden 1024, 16 layers,
 64 experts, top-8, expert width 512 (1.7 B parameters). Routers are scaled up and weights drawn
 with a wider init so tokens and routing vary. Built with ``transformers`` and saved in the hub's
-format, so it goes through the same loader and O_DIRECT store as a real model.
+format, so it goes through the same loader and O_DIRECT store as a real model; a byte-level BPE
+tokenizer with a chat template (:mod:`runahead.tokenizer`) is trained and saved with it, so text
+prompts and chat work on it.
 """
 
 from __future__ import annotations
@@ -63,24 +65,42 @@ def small_model(progress: bool = True) -> Path:
 
 
 def build_cached(name: str, config: dict[str, Any], dtype: str, progress: bool = True) -> Path:
-    """A random Qwen3-MoE with ``config`` saved under the cache directory, built once."""
+    """A random Qwen3-MoE with ``config`` and a trained tokenizer, saved under the cache directory once.
+
+    A folder built before the tokenizer existed gets one added.
+    """
+    from runahead.tokenizer import has_tokenizer, save_tokenizer
+
     path = cache_dir() / name
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
+        if not has_tokenizer(path):
+            save_tokenizer(path, config["vocab_size"])
         return path
+    import structlog
     import torch
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
+    from runahead.progress import progress_bar
+
+    log = structlog.get_logger("runahead.build")
     if progress:
-        print(f"building the {name} model into {path} (once)", flush=True)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-        Qwen3MoeConfig(**config), dtype=getattr(torch, dtype)
-    )
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if param_name.endswith("mlp.gate.weight"):
-                param.mul_(ROUTER_SCALE)
-    partial = path.with_name(path.name + ".partial")
-    model.save_pretrained(partial)
+        log.info("building model (once)", model=name, path=str(path))
+    with progress_bar(f"building {name}", 3, enabled=progress) as advance:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            Qwen3MoeConfig(**config), dtype=getattr(torch, dtype)
+        )
+        with torch.no_grad():
+            for param_name, param in model.named_parameters():
+                if param_name.endswith("mlp.gate.weight"):
+                    param.mul_(ROUTER_SCALE)
+        advance(1)
+        partial = path.with_name(path.name + ".partial")
+        save_tokenizer(partial, config["vocab_size"])
+        advance(2)
+        model.save_pretrained(partial)
+        advance(3)
     partial.rename(path)
+    if progress:
+        log.info("model built", model=name, path=str(path))
     return path

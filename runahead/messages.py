@@ -31,6 +31,14 @@ class FetchDone:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchFailed:
+    """A read of ``key`` failed after its retries (from the ExpertFetcher); ``error`` says why."""
+
+    key: ExpertKey
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A request produced its last token (from the ComputeScheduler)."""
 
@@ -39,9 +47,13 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Stop a request now, releasing its pins and KV cache (runtime -> issuer -> scheduler)."""
+    """Stop a request now, releasing its pins and KV cache (runtime -> issuer -> scheduler).
+
+    With ``error`` the request failed (a read it needed failed): its caller gets that error.
+    """
 
     request: int
+    error: str | None = None
 
 
 # -- to the ComputeScheduler ---------------------------------------------------------------------
@@ -89,6 +101,6 @@ class Forget:
     request: int
 
 
-IssuerMessage = Submit | NextJobs | FetchDone | Finished | Cancel | None
+IssuerMessage = Submit | NextJobs | FetchDone | FetchFailed | Finished | Cancel | None
 SchedulerMessage = Started | Ready | Cancel | None
 FetcherMessage = Blocked | Prefetch | Forget | None

@@ -93,3 +93,17 @@ def _choice(kind: type[E], value: str) -> E:
         return kind(value)
     except ValueError:
         raise ValueError(f"{value!r} is not one of {', '.join(str(m.value) for m in kind)}") from None
+
+
+def check_concurrency(spec: str, concurrency: int) -> None:
+    """Refuse a static grouping whose groups do not tile ``concurrency`` request lanes.
+
+    ``static:2:2:2`` holds 6 lanes; at concurrency 4 its last group could never fill, so the run would
+    measure something other than what the spec says. Called when a bench point is built.
+    """
+    sizes = parse_policy(spec).grouping.sizes
+    if sizes is not None and concurrency % sum(sizes):
+        raise ValueError(
+            f"policy {spec!r}: its static groups hold {sum(sizes)} requests, which does not divide "
+            f"concurrency {concurrency}"
+        )

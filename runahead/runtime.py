@@ -6,8 +6,11 @@
         handle = runtime.submit(RequestSpec(request=0, max_tokens=32))
         tokens = await handle.result()
 
-The actors run as tasks of one task group; an error in any of them cancels the others and is
-raised from the ``async with`` block (and from every pending ``result()``), never a hang.
+The actors run as tasks of one task group. A failed expert read or group compute fails only the
+requests that needed it (:class:`RequestFailed` from their ``result()``); the runtime goes on, its
+:attr:`Runtime.health` saying ``degraded`` while failures last. An error that leaves the runtime
+unusable cancels every actor and is raised from the ``async with`` block (and from every pending
+``result()``), never a hang.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from types import TracebackType
 from typing import Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import Backend
+from runahead.backend import Backend, CacheWatcher
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
+from runahead.health import Health, RequestFailed
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.messages import Cancel, FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
@@ -48,6 +52,9 @@ class RuntimeConfig:
     record_selections: bool = False
     keep_records: bool = True  # off for long-running servers: only running totals are kept
     prefill_chunk: int = 256
+    read_retries: int = 2  # a failed expert read is tried again this many times before it fails
+    retry_pause_s: float = 0.01  # the first pause before a retry; each next one is 4x longer
+    max_compute_failures: int = 3  # groups failing in a row before the runtime stops
     policy_config: PolicyConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -58,6 +65,10 @@ class RuntimeConfig:
             raise ValueError(f"link_queue_depth must be >= 1, got {self.link_queue_depth}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.read_retries < 0 or self.retry_pause_s < 0:
+            raise ValueError("read_retries and retry_pause_s must be >= 0")
+        if self.max_compute_failures < 1:
+            raise ValueError(f"max_compute_failures must be >= 1, got {self.max_compute_failures}")
         if self.max_active is not None and self.max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {self.max_active}")
 
@@ -122,11 +133,18 @@ class Runtime:
         self.config = config
         self.clock = clock or Clock()
         self.cache = ExpertCache(config.cache_slots, config.eviction)
+        if isinstance(backend, CacheWatcher):
+            backend.watch(self.cache)
         self.recorder = Recorder(record_selections=config.record_selections, keep_records=config.keep_records)
+        self.health = Health()
         self.handles: dict[int, RequestHandle] = {}
         self._task_group: asyncio.TaskGroup | None = None
         self._issuer_inbox: asyncio.Queue[IssuerMessage] | None = None
         self._inboxes: list[asyncio.Queue[Any]] = []
+
+    def health_report(self) -> dict[str, object]:
+        """``status`` (``ok``, ``degraded`` or ``failed``), the reason, and failure counters."""
+        return self.health.report(self.clock.now())
 
     @property
     def max_active(self) -> int:
@@ -178,6 +196,9 @@ class Runtime:
             clock=self.clock,
             recorder=self.recorder,
             queue_depth=self.config.link_queue_depth,
+            health=self.health,
+            read_retries=self.config.read_retries,
+            retry_pause_s=self.config.retry_pause_s,
         )
         compute_scheduler = ComputeScheduler(
             backend=self.backend,
@@ -190,6 +211,8 @@ class Runtime:
             recorder=self.recorder,
             sink=self,
             prefill_chunk=self.config.prefill_chunk,
+            health=self.health,
+            max_compute_failures=self.config.max_compute_failures,
         )
         self._issuer_inbox = issuer
         self._inboxes = [issuer, fetcher, scheduler]
@@ -210,8 +233,12 @@ class Runtime:
             await self._task_group.__aexit__(kind, error, tb)
         except BaseExceptionGroup as group:
             failure = _sole_error(group)
+            self.health.fatal = self.health.fatal or repr(failure)
             for handle in self.handles.values():
-                handle._fail(RuntimeError(f"request {handle.request} failed: {failure!r}"))
+                handle._fail(
+                    RequestFailed(f"request {handle.request} failed: the runtime stopped: {failure!r}")
+                )
+            self.handles.clear()
             if failure is group:
                 raise
             raise failure from group
@@ -245,14 +272,29 @@ class Runtime:
         if self._issuer_inbox is not None and handle is not None and not handle.done():
             self._issuer_inbox.put_nowait(Cancel(request))
 
+    def fail(self, request: int, error: str) -> None:
+        """End a request now with ``error`` (its ``result()`` raises it) and cancel it in the actors."""
+        handle = self.handles.get(request)
+        if handle is not None and not handle.done():
+            self.cancel(request)
+            handle._fail(RequestFailed(f"request {request} failed: {error}"))
+
     # -- TokenSink (called by the actors) ------------------------------------------------------
 
     def token(self, request: int, step: int, token: int, time: float) -> None:
         self.handles[request]._token(token)
 
-    def finished(self, request: int, cancelled: bool = False) -> None:
-        """A request ended: resolve its handle and forget it (the caller holds the handle)."""
-        self.handles.pop(request)._finish(cancelled)
+    def finished(self, request: int, cancelled: bool = False, error: str | None = None) -> None:
+        """A request ended: resolve its handle and forget it (the caller holds the handle).
+
+        With ``error`` it failed: its ``result()`` and ``stream()`` raise :class:`RequestFailed`.
+        """
+        handle = self.handles.pop(request)
+        if error is None:
+            handle._finish(cancelled)
+        else:
+            self.health.requests_failed += 1
+            handle._fail(RequestFailed(f"request {request} failed: {error}"))
 
 
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

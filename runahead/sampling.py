@@ -14,9 +14,14 @@ if TYPE_CHECKING:
     import torch
 
 
+GREEDY_BELOW = 1e-5
+"""Temperatures this small sample greedily: dividing logits by them overflows to inf (as vLLM does)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick tokens: greedy at ``temperature == 0``; else temperature, then top-k, then top-p."""
+    """How to pick tokens: greedy at ``temperature`` 0 (or below :data:`GREEDY_BELOW`); else
+    temperature, then top-k, then top-p."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -38,7 +43,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 class Sampler:
@@ -69,7 +74,9 @@ class Sampler:
         if params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(before >= params.top_p, 0.0)
+            cut = before >= params.top_p
+            cut[0] = False  # the likeliest token stays, whatever float32 makes of a tiny top_p
+            sorted_probs = sorted_probs.masked_fill(cut, 0.0)
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
             probs = probs / probs.sum()
         return int(torch.multinomial(probs.cpu(), 1, generator=self.generator).item())

@@ -190,7 +190,16 @@ class FetchQueue:
             self._by_key.setdefault(key, []).append(job.request)
 
     def discard(self, request: int) -> None:
-        self._blocked.pop(request, None)
+        """Forget a request's blocked job (it was cancelled, or it ended)."""
+        blocked = self._blocked.pop(request, None)
+        if blocked is None:
+            return
+        for key in blocked.job.keys:
+            waiting = self._by_key.get(key)
+            if waiting is not None and request in waiting:
+                waiting.remove(request)
+                if not waiting:
+                    del self._by_key[key]
 
     def started(self, key: ExpertKey) -> None:
         """A read of ``key`` began: no blocked job needs to start it again."""
@@ -201,6 +210,10 @@ class FetchQueue:
                 if not blocked.unstarted:
                     del self._blocked[request]
 
+    def failed(self, key: ExpertKey) -> None:
+        """The read of ``key`` failed for good: the jobs waiting on it are failed by the issuer."""
+        self._by_key.pop(key, None)
+
     def landed(self, key: ExpertKey) -> None:
         """``key`` became resident: every job waiting on it has one fewer missing expert."""
         for request in self._by_key.pop(key, ()):
@@ -208,12 +221,23 @@ class FetchQueue:
             if blocked is not None:
                 blocked.remaining -= 1
 
-    def select(self) -> ExpertKey | None:
-        """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none."""
-        if not self._blocked:
-            return None
-        best = min(self._blocked.values(), key=self._rank)
-        return best.unstarted[0]
+    def select(self, cache: ExpertCache) -> ExpertKey | None:
+        """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none.
+
+        The cache decides what is still wanted. A job cancelled after it blocked has its pins
+        released by the JobIssuer at once, but the ExpertFetcher hears of it (``Forget``) a moment
+        later; meanwhile its experts nobody else pins are no longer ``WANTED``. Those are dropped
+        here, never read.
+        """
+        while self._blocked:
+            best = min(self._blocked.values(), key=self._rank)
+            unstarted = best.unstarted
+            while unstarted:
+                if cache.state(unstarted[0]) is EntryState.WANTED:
+                    return unstarted[0]
+                unstarted.pop(0)  # stale: its job went away
+            self.discard(best.job.request)
+        return None
 
     def _rank(self, blocked: _Blocked) -> tuple[int, ...]:
         if self.order is FetchOrder.LOWEST_LAYER_SRTF:

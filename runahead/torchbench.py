@@ -18,6 +18,7 @@ from typing import Any
 
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import summarize
+from runahead.policy import check_concurrency
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
@@ -39,16 +40,34 @@ class TorchPoint:
     seed: int = 0
     queue_depth: int = 2
     preload: bool = False  # read every expert that fits into the cache before the run
+    dtype: str = "float32"  # compute and cache dtype: float32, bfloat16, float16 or auto
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup steps must be >= 0, got {self.warmup_steps}")
+        if not 0 < self.cache_fraction <= 1:
+            raise ValueError(f"cache fraction must lie in (0, 1], got {self.cache_fraction}")
+        check_concurrency(self.policy, self.concurrency)
+
+
+BUILT_MODELS = ("small", "medium")
+"""Model names the command line builds (once) instead of reading a folder: see :mod:`runahead.medium`."""
 
 
 def resolve_model(name: str) -> str:
-    """A model folder: ``medium`` is built (once) under the cache directory."""
-    if name == "medium":
-        from runahead.medium import medium_model
+    """A model folder: ``small`` (the demo's) and ``medium`` are built (once) under the cache directory."""
+    if name in BUILT_MODELS:
+        from runahead.medium import medium_model, small_model
 
-        return str(medium_model())
+        return str(small_model() if name == "small" else medium_model())
     if not Path(name).is_dir():
-        raise FileNotFoundError(f"model folder {name!r} does not exist")
+        raise FileNotFoundError(
+            f"model folder {name!r} does not exist (or name a built one: {', '.join(BUILT_MODELS)})"
+        )
     return name
 
 
@@ -63,6 +82,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         device=point.device,
         store=point.store,  # type: ignore[arg-type]
         queue_depth=point.queue_depth,
+        dtype=point.dtype,
     )
     config = backend.model.config
     runtime = Runtime(

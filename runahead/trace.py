@@ -12,7 +12,10 @@ File format (``.npz``, written by :meth:`RoutingTrace.save`, read without pickle
 * ``predicted``: int16, same shape; either a valid selection or all -1 (no prediction recorded).
 * ``lengths``: int32 ``[requests]``, each in ``[1, steps]``.
 * ``metadata``: a 0-d string array holding JSON: ``format`` (``"runahead-routing-trace"``),
-  ``version`` (1), ``num_experts``, ``model``, ``seed`` and ``generator`` (the parameters, or null).
+  ``version`` (1), ``num_experts``, ``model``, ``seed``, ``generator`` (the parameters, or null) and,
+  optionally, ``model_spec``: the recorded model's shape as the fields of
+  :class:`~runahead.specs.ModelSpec` (what ``runahead generate --record-trace`` writes), so the trace
+  replays on the sim without a hand-written spec.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class RoutingTrace:
         model: str = "",
         seed: int | None = None,
         generator: dict[str, Any] | None = None,
+        spec: ModelSpec | None = None,
         origin: str = "trace",
     ) -> None:
         self.experts: IntArray = np.asarray(experts, dtype=np.int16)
@@ -65,7 +69,19 @@ class RoutingTrace:
         self.model = model
         self.seed = seed
         self.generator = generator
+        self.spec = spec
+        """The recorded model's shape, when the trace carries one (replayed with it by ``bench --trace``)."""
         _validate(self.experts, self.predicted, self.lengths, num_experts, origin)
+        if spec is not None and (spec.num_layers, spec.top_k, spec.num_experts) != (
+            self.num_layers,
+            self.top_k,
+            num_experts,
+        ):
+            raise TraceFormatError(
+                f"{origin}: model_spec has {spec.num_layers} layers x {spec.num_experts} experts, "
+                f"top-{spec.top_k}; the selections {self.num_layers} layers x {num_experts} experts, "
+                f"top-{self.top_k}"
+            )
         self._num_experts = num_experts
         self._selections: dict[int, list[list[Selection]]] = {}
         self._predictions: dict[int, list[list[Selection]]] = {}
@@ -120,8 +136,8 @@ class RoutingTrace:
     # --- files ------------------------------------------------------------------------------
 
     def metadata(self) -> dict[str, Any]:
-        """The JSON metadata written into the file (format, version, num_experts, model, seed, generator)."""
-        return {
+        """The JSON metadata of the file: format, version, num_experts, model, seed, generator, model_spec."""
+        meta = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "num_experts": self._num_experts,
@@ -129,6 +145,9 @@ class RoutingTrace:
             "seed": self.seed,
             "generator": self.generator,
         }
+        if self.spec is not None:
+            meta["model_spec"] = asdict(self.spec)
+        return meta
 
     def save(self, path: str | Path) -> None:
         """Write the trace as an ``.npz`` file in the format of the module docstring."""
@@ -179,6 +198,7 @@ class RoutingTrace:
             model=str(meta.get("model", "")),
             seed=meta.get("seed"),
             generator=meta.get("generator"),
+            spec=_spec(meta.get("model_spec"), origin),
             origin=origin,
         )
 
@@ -190,6 +210,7 @@ class RoutingTrace:
         predictions: Sequence[Sequence[Sequence[Sequence[int]]]] | None = None,
         *,
         model: str = "",
+        spec: ModelSpec | None = None,
     ) -> RoutingTrace:
         """Build a trace from a recorded run: ``selections[request][step][layer]`` -> expert ids.
 
@@ -209,7 +230,42 @@ class RoutingTrace:
                 predicted[r, : len(predictions[r])] = _padded(
                     predictions[r], layers, top_k, f"prediction {r}"
                 )
-        return cls(experts, predicted, num_experts, lengths, model=model, origin="from_selections")
+        return cls(experts, predicted, num_experts, lengths, model=model, spec=spec, origin="from_selections")
+
+    @classmethod
+    def from_recorder(
+        cls,
+        recorded: dict[int, list[tuple[int, int, tuple[int, ...]]]],
+        num_layers: int,
+        num_experts: int,
+        *,
+        model: str = "",
+        spec: ModelSpec | None = None,
+    ) -> RoutingTrace:
+        """Build a trace from ``runtime.recorder.selections`` (``request -> [(step, layer, experts)]``).
+
+        The recorder holds decode steps only (a prompt's pass selects the union of its tokens' experts);
+        a request that decoded no step is left out.
+        """
+        selections = []
+        for request in sorted(recorded):
+            steps: dict[int, list[tuple[int, ...]]] = {}
+            for step, layer, experts in recorded[request]:
+                steps.setdefault(step, [()] * num_layers)[layer] = experts
+            if steps:
+                selections.append([steps[s] for s in sorted(steps)])
+        if not selections:
+            raise TraceFormatError("no decode step was recorded: a trace needs at least two generated tokens")
+        return cls.from_selections(selections, num_experts, model=model, spec=spec)
+
+
+def _spec(fields: Any, origin: str) -> ModelSpec | None:
+    if fields is None:
+        return None
+    try:
+        return ModelSpec(**{**fields, "sources": tuple(fields.get("sources", ()))})
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise TraceFormatError(f"{origin}: metadata model_spec is not a model spec ({exc})") from None
 
 
 def _padded(request: Sequence[Sequence[Sequence[int]]], layers: int, top_k: int, what: str) -> IntArray:

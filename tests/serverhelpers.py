@@ -34,11 +34,12 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
 
-def build_chat_model(path: str | Path) -> Path:
-    """A tiny qwen3_moe model whose tokenizer has :data:`CHAT_TEMPLATE` (saved in the folder)."""
+def build_chat_model(path: str | Path, **overrides: Any) -> Path:
+    """A tiny qwen3_moe model whose tokenizer has :data:`CHAT_TEMPLATE` (saved in the folder);
+    ``overrides`` change its config (``max_position_embeddings`` for a short context)."""
     from transformers import AutoTokenizer
 
-    path = build_tiny_model("qwen3_moe", path)
+    path = build_tiny_model("qwen3_moe", path, **overrides)
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(path)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runahead.engine import Engine
+from runahead.health import RequestFailed
 from runahead.sampling import SamplingParams
 
 from modelhelpers import build_tiny_model
@@ -146,3 +147,27 @@ def test_bad_requests_are_refused_with_the_reason(model, prompt, params, message
 def test_bad_sampling_values_are_named() -> None:
     with pytest.raises(ValueError, match="top_p must lie in"):
         SamplingParams(top_p=1.5)
+
+
+def test_closing_the_engine_ends_every_running_stream_with_a_clear_error(model) -> None:  # type: ignore[no-untyped-def]
+    path, _ = model
+
+    async def main() -> tuple[list[BaseException | None], dict[str, object]]:
+        engine = await Engine.open(str(path), cache_fraction=0.34)
+        started = asyncio.Event()
+
+        async def consume(prompt: str) -> None:
+            async for _ in engine.generate(prompt, SamplingParams(max_tokens=200)):
+                started.set()
+
+        tasks = [asyncio.create_task(consume(p)) for p in PROMPTS[:3]]
+        await started.wait()
+        await asyncio.wait_for(engine.close(), 30)
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        with pytest.raises(RequestFailed, match="the engine is closed"):
+            await engine.complete(PROMPTS[0], SamplingParams(max_tokens=2))
+        return list(outcomes), engine.health()
+
+    outcomes, health = asyncio.run(main())
+    assert all(isinstance(o, RequestFailed) and "the engine was closed" in str(o) for o in outcomes), outcomes
+    assert health["status"] == "failed" and health["reason"] == "the engine is closed"

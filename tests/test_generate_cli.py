@@ -75,17 +75,18 @@ def test_sampling_with_a_seed_is_reproducible(model: Path, capsys: pytest.Captur
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--temperature", "-1"], "temperature must lie in"),
-        (["--top-p", "0"], "top_p must lie in"),
-        (["--cache-fraction", "1.5"], "cache fraction must lie in"),
+        (["--temperature", "-1"], "argument --temperature: must be in [0.0, 100.0], got -1.0"),
+        (["--top-p", "0"], "argument --top-p: must be in (0.0, 1.0], got 0.0"),
+        (["--cache-fraction", "1.5"], "argument --cache-fraction: must be in (0.0, 1.0], got 1.5"),
         (["--policy", "fastest"], "unknown policy 'fastest'"),
     ],
 )
 def test_bad_generate_arguments_are_named(
     model: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit:
         main(["generate", str(model), "--prompt-ids", "5", *extra])
+    assert exit.value.code == 2
     assert message in capsys.readouterr().err
 
 
@@ -145,3 +146,34 @@ def test_generate_writes_a_timeline(model: Path, tmp_path: Path, capsys: pytest.
     events = json.loads(trace.read_text())["traceEvents"]
     tokens = [e for e in events if e.get("ph") == "i"]
     assert len(tokens) == 4  # one instant event per generated token
+
+
+def test_a_recorded_trace_replays_on_its_own_model_spec(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "run.npz"
+    argv = ["generate", str(model), "--prompt-ids", "5,17", "--max-tokens", "8", "--concurrency", "2"]
+    assert main([*argv, "--json", "--record-trace", str(trace)]) == 0
+    recorded = RoutingTrace.load(trace)
+    spec = recorded.spec
+    assert spec is not None and spec.name == model.name
+    assert (spec.num_layers, spec.num_experts, spec.top_k, spec.bits_per_weight) == (3, 8, 2, 32)
+    capsys.readouterr()
+
+    out = tmp_path / "bench"
+    replay = ["bench", "--trace", str(trace), "--policy", "sync,runahead", "--profile", "mac-mini"]
+    assert (
+        main([*replay, "--concurrency", "2", "--steps", "4", "--warmup-steps", "2", "--out", str(out)]) == 0
+    )
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(row["model"], row["policy"]) for row in rows] == [(model.name, "sync"), (model.name, "runahead")]
+    assert all(row["tokens"] == 2 * 4 for row in rows)
+    # fewer requests than asked for, or fewer steps: refused, not reused
+    for extra, message in (
+        (["--concurrency", "3"], "the trace holds 2 request(s), fewer than concurrency 3"),
+        (["--concurrency", "2", "--steps", "20"], "hold 7 decode steps, fewer than --warmup-steps 8"),
+    ):
+        with pytest.raises(SystemExit) as exit:
+            main([*replay, *extra])
+        assert exit.value.code == 2
+        assert message in capsys.readouterr().err

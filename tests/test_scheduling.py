@@ -102,7 +102,7 @@ def test_fetch_order_lowest_layer_then_fewest_missing() -> None:
     blocked(queue, cache, job(0, 4, (1, 2)))
     blocked(queue, cache, job(1, 2, (1, 2, 3)))
     blocked(queue, cache, job(2, 2, (5,)))
-    assert queue.select() == ExpertKey(2, 5)  # layer 2, one missing
+    assert queue.select(cache) == ExpertKey(2, 5)  # layer 2, one missing
 
 
 def test_global_srtf_ignores_layers_and_fifo_ignores_both() -> None:
@@ -111,7 +111,7 @@ def test_global_srtf_ignores_layers_and_fifo_ignores_both() -> None:
         queue = FetchQueue(order)
         blocked(queue, cache, job(0, 2, (1, 2, 3)))
         blocked(queue, cache, job(1, 4, (9,)))
-        assert queue.select() == expected
+        assert queue.select(cache) == expected
 
 
 def test_remaining_missing_shrinks_as_shared_reads_land() -> None:
@@ -124,11 +124,11 @@ def test_remaining_missing_shrinks_as_shared_reads_land() -> None:
         queue.started(key)
         cache.complete(key)
         queue.landed(key)
-    assert queue.select() == ExpertKey(1, 3)  # request 0 has one missing left, request 1 has two
+    assert queue.select(cache) == ExpertKey(1, 3)  # request 0 has one missing left, request 1 has two
     cache.reserve(ExpertKey(1, 3))
     queue.started(ExpertKey(1, 3))  # request 0's last one is on its way: it leaves J_B
     assert len(queue) == 1
-    assert queue.select() == ExpertKey(1, 7)
+    assert queue.select(cache) == ExpertKey(1, 7)
 
 
 def test_prefetch_hints_replace_and_skip_known_experts() -> None:
@@ -189,3 +189,24 @@ def test_policy_names_and_knobs() -> None:
 def test_bad_policy_specs_are_named(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_policy(spec)
+
+
+def test_a_cancelled_jobs_experts_are_dropped_not_selected() -> None:
+    """The issuer unpins a cancelled blocked job before the fetcher hears of it (``Forget``).
+
+    Until then the queue still lists the job; its experts nobody else wants must not be chosen,
+    while an expert another job also waits for still is.
+    """
+    cache = ExpertCache(64)
+    queue = FetchQueue(FetchOrder.LOWEST_LAYER_SRTF)
+    gone = job(0, 1, (1, 2))
+    blocked(queue, cache, gone)
+    blocked(queue, cache, job(1, 1, (2, 5)))
+    cache.unpin_all(gone.keys)  # the issuer's cancellation: expert (1, 1) is forgotten
+    assert cache.state(ExpertKey(1, 1)) is None
+    assert queue.select(cache) == ExpertKey(1, 2)  # still wanted by request 1's job
+    cache.unpin_all(job(1, 1, (2, 5)).keys)
+    assert queue.select(cache) is None and len(queue) == 0  # nothing left that anyone wants
+    queue.discard(0)
+    queue.discard(1)
+    assert not queue._by_key  # no per-request leftovers once both are forgotten

@@ -187,6 +187,52 @@ async def test_falls_back_to_buffered_reads_when_o_direct_is_refused(
         assert torch.equal(pool.slot(i), expected[key])
 
 
+async def test_open_refusal_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    if not getattr(os, "O_DIRECT", 0):
+        pytest.skip("no O_DIRECT on this platform")
+    layout, _ = model(tmp_path)
+    real_open = os.open
+
+    def refuse_direct(path: str, flags: int, *args: int) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refuse_direct)
+    with caplog.at_level("WARNING", logger="runahead.store"), DiskStore(layout):
+        pass
+    assert any("EINVAL at open" in r.getMessage() and "bind-mount" in r.getMessage() for r in caplog.records)
+
+
+async def test_falls_back_when_o_direct_reads_fail_with_einval(
+    direct_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Some filesystems (overlays, FUSE) take O_DIRECT at open and refuse the reads: the store
+    reopens such a file buffered, says so once, and the read still delivers the right bytes."""
+    import fcntl
+
+    layout, expected = model(direct_dir)
+    real_preadv = os.preadv
+
+    def refuse_direct_reads(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", refuse_direct_reads)
+    with caplog.at_level("WARNING", logger="runahead.store"), DiskStore(layout, queue_depth=3) as store:
+        assert store.direct  # the open succeeded
+        pool = await fill_all(store, layout)
+        assert not store.direct
+        assert "EINVAL at read" in store.direct_reason
+    for i, key in enumerate(sorted(layout.ranges)):
+        assert torch.equal(pool.slot(i), expected[key])
+    warnings = [r for r in caplog.records if "EINVAL at read" in r.getMessage()]
+    assert len(warnings) == len({r.path for rs in layout.ranges.values() for r in rs})  # once per file
+
+
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm (tmpfs) on this machine")
 async def test_tmpfs_is_never_passed_off_as_a_disk(tmp_path: Path) -> None:
     """tmpfs refuses O_DIRECT (older kernels: buffered fallback with a reason) or accepts it (Linux

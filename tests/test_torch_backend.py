@@ -158,3 +158,39 @@ def test_batch_invariant_mode_gives_bit_identical_logits_under_every_schedule(mo
     for other in others:
         for request in range(5):
             assert torch.equal(first[request], other[request])  # bit for bit, not just close
+
+
+def test_host_routing_gives_the_rows_found_on_the_device(model) -> None:  # type: ignore[no-untyped-def]
+    """CUDA's MoE takes each expert's rows from the routing read back to the host (no device read).
+    Checked here on CPU: in every group, waves and several requests included, those rows equal the
+    ones ``torch.where`` finds in the wave-masked ids, in the same order, and the tokens stay
+    transformers'."""
+    from runahead.backends.torch import _wave_ids
+    from runahead.models.base import rows_per_expert
+
+    path, expected = model
+    backend = TorchBackend.open(str(path), cache_slots=6)
+    backend.host_routing = True
+    checked = []
+    routing = backend._routing
+
+    def compare(jobs, states, wanted):  # type: ignore[no-untyped-def]
+        ours = routing(jobs, states, wanted)
+        ids = torch.cat([_wave_ids(state.ids, job) for state, job in zip(states, jobs, strict=True)])
+        found = rows_per_expert(ids, wanted)
+        assert list(ours) == list(found)
+        for e in found:
+            assert torch.equal(ours[e][0], found[e][0]) and torch.equal(ours[e][1], found[e][1])
+        checked.append((len(jobs), any(job.remaining or job.wave for job in jobs)))
+        return ours
+
+    backend._routing = compare  # type: ignore[method-assign]
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=6, policy="runahead", prefill_chunk=2))
+    params = SamplingParams(max_tokens=8)
+    specs = [RequestSpec(i, 8, prompt=tuple(PROMPTS[i]), sampling=params) for i in range(4)]
+    try:
+        tokens = asyncio.run(runtime.run(specs))
+    finally:
+        backend.close()
+    assert tokens == {i: expected[i][:8] for i in range(4)}
+    assert any(size >= 2 for size, _ in checked) and any(waves for _, waves in checked)

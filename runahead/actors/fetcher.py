@@ -5,6 +5,11 @@ expert already on its way is never fetched twice: jobs that need it simply wait 
 reserved by evicting an unpinned entry, never a pinned one. ``queue_depth`` link workers keep that
 many reads in flight, so the link never idles between reads. With a prefetching policy, workers
 with no demand to serve fetch predicted experts instead.
+
+A read that fails with an I/O error (``OSError``, or a store's ``ValueError`` naming the file) is
+retried ``read_retries`` times with a growing pause; if it still fails, the JobIssuer is told
+(:class:`FetchFailed`) and fails only the requests whose jobs wait for that expert. Any other
+error is a bug and stops the runtime.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import asyncio
 from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
+from runahead.health import Health
 from runahead.jobs import ExpertKey
-from runahead.messages import Blocked, FetchDone, FetcherMessage, Forget, IssuerMessage, Prefetch
+from runahead.messages import Blocked, FetchDone, FetcherMessage, FetchFailed, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
 from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
 
@@ -34,6 +40,9 @@ class ExpertFetcher:
         clock: Clock,
         recorder: Recorder,
         queue_depth: int = 2,
+        health: Health | None = None,
+        read_retries: int = 2,
+        retry_pause_s: float = 0.01,
     ) -> None:
         if queue_depth < 1:
             raise ValueError(f"link queue depth must be >= 1, got {queue_depth}")
@@ -46,6 +55,9 @@ class ExpertFetcher:
         self.clock = clock
         self.recorder = recorder
         self.queue_depth = queue_depth
+        self.health = health or Health()
+        self.read_retries = read_retries
+        self.retry_pause_s = retry_pause_s
         self._wake = asyncio.Event()
         self._closing = False
 
@@ -71,7 +83,7 @@ class ExpertFetcher:
 
     def _pick(self) -> tuple[ExpertKey, int, bool] | None:
         """The next read to start, its reserved slot, and whether it is a prefetch."""
-        key = self.demand.select()
+        key = self.demand.select(self.cache)
         prefetch = key is None
         if key is None:
             key = self.hints.select(self.cache)
@@ -92,9 +104,31 @@ class ExpertFetcher:
                 continue
             key, slot, prefetch = picked
             start = self.clock.now()
-            await self.backend.fetch(key, slot)
+            error = await self._read(key, slot)
+            if error is not None:
+                self.demand.failed(key)
+                self.issuer.put_nowait(FetchFailed(key, error))
+                self._wake.set()  # its slot is free again once the issuer has the notice
+                continue
             self.cache.complete(key)
             self.demand.landed(key)
             self.recorder.fetch(start, self.clock.now(), key, prefetch)
             self.issuer.put_nowait(FetchDone(key))
             self._wake.set()
+
+    async def _read(self, key: ExpertKey, slot: int) -> str | None:
+        """Read ``key`` into ``slot``, retrying I/O errors; None on success, else the last error."""
+        for attempt in range(self.read_retries + 1):
+            try:
+                await self.backend.fetch(key, slot)
+            except (OSError, ValueError) as error:
+                message = f"reading expert {key.expert} of layer {key.layer} failed: {error}"
+                if attempt == self.read_retries:
+                    self.health.read_failed(key, self.clock.now(), message)
+                    return message
+                self.health.read_retried(message)
+                await self.clock.sleep(self.retry_pause_s * 4**attempt)
+            else:
+                self.health.read_succeeded(key)
+                return None
+        raise AssertionError("unreachable")

@@ -22,6 +22,7 @@ from runahead.messages import (
     Cancel,
     FetchDone,
     FetcherMessage,
+    FetchFailed,
     Finished,
     Forget,
     IssuerMessage,
@@ -91,8 +92,10 @@ class JobIssuer:
             self._cancelled.discard(message.request)
             self._release(message.request)
             self._admit()
+        elif isinstance(message, FetchFailed):
+            self._fetch_failed(message.key, message.error)
         elif isinstance(message, Cancel):
-            self._cancel(message.request)
+            self._cancel(message.request, message.error)
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -149,6 +152,14 @@ class JobIssuer:
                 ready.append(job)
         return tuple(ready)
 
+    def _fetch_failed(self, key: ExpertKey, error: str) -> None:
+        """A read failed for good: fail the requests whose jobs wait for it; the others go on."""
+        self.cache.abort(key)
+        for job in self._waiters.pop(key, ()):
+            blocked = self._blocked.get(job.request)
+            if blocked is not None and blocked[0] is job:
+                self._cancel(job.request, error)
+
     # -- requests ------------------------------------------------------------------------------
 
     def _admit(self) -> None:
@@ -178,8 +189,10 @@ class JobIssuer:
             self.predictor.forget(request)
         self.fetcher.put_nowait(Forget(request))
 
-    def _cancel(self, request: int) -> None:
+    def _cancel(self, request: int, error: str | None = None) -> None:
         """Drop a queued request at once; for an active one, unpin a blocked job and tell the scheduler.
+
+        With ``error`` the request failed rather than being cancelled; its caller gets the error.
 
         The scheduler owns the rest of the request (a ready job's pins, the step barrier, its KV
         cache) and answers with :class:`Finished`. Jobs of the request still in flight towards
@@ -189,13 +202,20 @@ class JobIssuer:
             if spec.request == request:
                 self.queued.remove(spec)
                 if self.sink is not None:
-                    self.sink.finished(request, cancelled=True)
+                    self.sink.finished(request, cancelled=True, error=error)
                 return
         if request not in self.active or request in self._cancelled:
             return
         self._cancelled.add(request)
         blocked = self._blocked.pop(request, None)
         if blocked is not None:
-            self.cache.unpin_all(blocked[0].keys)
+            job = blocked[0]
+            self.cache.unpin_all(job.keys)
+            for key in job.keys:  # the job no longer waits on its missing experts
+                waiters = [w for w in self._waiters.get(key, ()) if w is not job]
+                if waiters:
+                    self._waiters[key] = waiters
+                else:
+                    self._waiters.pop(key, None)
         self.fetcher.put_nowait(Forget(request))
-        self.scheduler.put_nowait(Cancel(request))
+        self.scheduler.put_nowait(Cancel(request, error))

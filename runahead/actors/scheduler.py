@@ -4,6 +4,11 @@ When a group's compute returns, its experts are unpinned and each request's next
 the gate) goes back to the JobIssuer; the scheduler waits for the issuer's answer before choosing
 again, so the choice always sees every job that is ready at that moment. A request that finished
 its token starts its next one at once, or at the step barrier when that is on.
+
+A group whose compute raises fails only its own requests (their pins and state are released, their
+callers get the error); the others go on. ``max_compute_failures`` groups failing in a row means
+the compute unit itself is broken: the scheduler then stops the runtime with
+:class:`runahead.health.RuntimeBroken`.
 """
 
 from __future__ import annotations
@@ -11,9 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from runahead.backend import Backend
+from runahead.backend import Backend, BrokenPromise
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
+from runahead.health import Health, RuntimeBroken
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
@@ -25,7 +31,7 @@ class TokenSink(Protocol):
 
     def token(self, request: int, step: int, token: int, time: float) -> None: ...
 
-    def finished(self, request: int, cancelled: bool = False) -> None: ...
+    def finished(self, request: int, cancelled: bool = False, error: str | None = None) -> None: ...
 
 
 class ComputeScheduler:
@@ -44,6 +50,8 @@ class ComputeScheduler:
         recorder: Recorder,
         sink: TokenSink,
         prefill_chunk: int = 256,
+        health: Health | None = None,
+        max_compute_failures: int = 3,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -56,6 +64,8 @@ class ComputeScheduler:
         self.sink = sink
         self.last_layer = backend.num_layers - 1
         self.prefill_chunk = prefill_chunk
+        self.health = health or Health()
+        self.max_compute_failures = max_compute_failures
         self.chunks: dict[int, list[int]] = {}  # request -> token count of each prefill pass
         self.requests: dict[int, RequestSpec] = {}
         self.lanes: dict[int, int] = {}
@@ -83,7 +93,7 @@ class ComputeScheduler:
             if message.reply:
                 self._awaiting_reply = False
         elif isinstance(message, Cancel):
-            self._cancel(message.request)
+            self._cancel(message.request, message.error)
         elif isinstance(message, Started):
             epoch = min((p[0] for p in self.positions.values()), default=self.barrier.round + 1)
             entries = []
@@ -103,7 +113,14 @@ class ComputeScheduler:
 
     async def _compute(self, group: Group) -> None:
         start = self.clock.now()
-        results = await self.backend.compute(group)
+        try:
+            results = await self.backend.compute(group)
+        except BrokenPromise:
+            raise
+        except Exception as error:
+            self._group_failed(group, error)
+            return
+        self.health.compute_succeeded()
         end = self.clock.now()
         if len(results) != len(group.jobs):
             raise RuntimeError(
@@ -175,8 +192,20 @@ class ComputeScheduler:
             entry = self._entry_job(job.request, job.step + 1, job.lane, job.epoch + 1)
             self._release(self.barrier.token_done(job.request, entry))
 
-    def _cancel(self, request: int) -> None:
-        """Forget a cancelled request: unpin its ready job, leave the barrier, free its lane."""
+    def _group_failed(self, group: Group, error: Exception) -> None:
+        """A group's compute raised: fail its requests alone, or stop if computes keep failing."""
+        message = f"computing layer {group.layer} failed: {error!r}"
+        self.health.compute_failed(message)
+        if self.health.compute_failures_in_a_row >= self.max_compute_failures:
+            self.health.fatal = f"{self.max_compute_failures} groups in a row failed; the last: {message}"
+            raise RuntimeBroken(self.health.fatal) from error
+        for job in group.jobs:
+            self.cache.unpin_all(job.keys)
+            self._cancel(job.request, message)
+
+    def _cancel(self, request: int, error: str | None = None) -> None:
+        """Forget a cancelled (or, with ``error``, failed) request: unpin its ready job, leave the
+        barrier, free its lane."""
         if request not in self.requests:
             return  # it finished meanwhile
         job = self.queue.discard(request)
@@ -186,7 +215,7 @@ class ComputeScheduler:
         self.positions.pop(request, None)
         del self.requests[request], self.lanes[request], self.chunks[request]
         self.issuer.put_nowait(Finished(request))
-        self.sink.finished(request, cancelled=True)
+        self.sink.finished(request, cancelled=True, error=error)
         self._release(released)
 
     def _release(self, jobs: list[Job]) -> None:

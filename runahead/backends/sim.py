@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from runahead.backend import BrokenPromise
+from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 
@@ -116,6 +118,12 @@ class SimBackend:
         self.clock = clock or Clock()
         self._requests: dict[int, _SimRequest] = {}
         self._link_free = 0.0
+        self._cache: ExpertCache | None = None
+        self._slots: dict[int, tuple[ExpertKey, bool]] = {}  # slot -> (expert read into it, landed)
+
+    def watch(self, cache: ExpertCache) -> None:
+        """Check at every compute that each job's experts are resident, landed and pinned."""
+        self._cache = cache
 
     def open_request(self, request: RequestSpec) -> None:
         index = request.trace_index if request.trace_index is not None else request.request
@@ -134,16 +142,23 @@ class SimBackend:
         self._requests.pop(request, None)
 
     async def fetch(self, key: ExpertKey, slot: int) -> None:
+        self._slots[slot] = (key, False)
         if self.zero_cost:
             await self.clock.sleep(0.0)
-            return
-        start = max(self.clock.now() + self.costs.link_latency_s, self._link_free)
-        self._link_free = start + self.costs.fetch_transfer_time()
-        await self.clock.sleep_until(self._link_free)
+        else:
+            start = max(self.clock.now() + self.costs.link_latency_s, self._link_free)
+            self._link_free = start + self.costs.fetch_transfer_time()
+            await self.clock.sleep_until(self._link_free)
+        self._slots[slot] = (key, True)
 
     async def compute(self, group: Group) -> Sequence[JobResult]:
         states = [self._requests[job.request] for job in group.jobs]
+        held = self._check_experts(group)
         await self.clock.sleep(0.0 if self.zero_cost else self._duration(group, states))
+        if held is not None and any(self._slots.get(slot) != content for slot, content in held.items()):
+            raise BrokenPromise(
+                f"an expert of the group at layer {group.layer} was evicted while it computed"
+            )
         results = []
         last = self.num_layers - 1
         for job, state in zip(group.jobs, states, strict=True):
@@ -168,6 +183,36 @@ class SimBackend:
                     )
                 )
         return results
+
+    def _check_experts(self, group: Group) -> dict[int, tuple[ExpertKey, bool] | None] | None:
+        """Raise unless every expert of every job is resident, landed in its slot and pinned.
+
+        Returns each slot's contents, to check again when the compute ends (a pinned expert's slot
+        is never refilled meanwhile). Slots the runtime warmed without a read hold their expert.
+        """
+        cache = self._cache
+        if cache is None:
+            return None
+        held: dict[int, tuple[ExpertKey, bool] | None] = {}
+        for job in group.jobs:
+            for key in job.keys:
+                if not cache.is_resident(key) or cache.refcount(key) < 1:
+                    state = cache.state(key)
+                    raise BrokenPromise(
+                        f"request {job.request}'s job at layer {job.layer} was computed before expert "
+                        f"{key} was ready (cache state {None if state is None else state.value}, "
+                        f"pins {cache.refcount(key)})"
+                    )
+                slot = cache.slot_of(key)
+                content = self._slots.get(slot)
+                if content is not None and content != (key, True):
+                    raise BrokenPromise(
+                        f"request {job.request}'s job at layer {job.layer} was computed with slot {slot} "
+                        f"holding {content[0]} ({'landed' if content[1] else 'still being read'}), "
+                        f"not {key}"
+                    )
+                held[slot] = content
+        return held
 
     def _gate(
         self, state: _SimRequest, job: Job, table: list[list[tuple[int, ...]]], layer: int

@@ -12,12 +12,21 @@ loop, and with it the link, never waits for the accelerator.
 
 Prompts go through the same jobs in chunks (prefill): a chunk's tokens route to many experts, so
 the runtime runs such a job's MoE in waves that each fit the cache, and the backend sums them.
+
+On CUDA nothing in a group's compute waits for the device except one read of the small results
+the runtime needs (the next layer's routing, or the sampled tokens): they are copied into pinned
+host memory without blocking and waited for once, after every kernel of the group is launched
+(:class:`_Readback`). The MoE takes its rows per expert from the routing already read back, so it
+never reads the device. A group whose results need nothing from the device (waves of a prefill
+chunk) returns as soon as it is launched: its slots may be unpinned while its kernels still run,
+so each slot keeps an event recorded after the last group that read it, and the store's copy into
+that slot waits for the event on the copy stream (:meth:`TorchBackend.fetch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +48,7 @@ class _RequestState:
     ids: torch.Tensor | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: torch.Tensor | None = None  # [tokens, k] their routing weights
     accumulated: torch.Tensor | None = None  # the MoE sum of the waves computed so far
+    routing: list[list[int]] | None = None  # ``ids`` read back to the host, one row per token
     logits: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -76,6 +86,11 @@ class TorchBackend:
         self._requests: dict[int, _RequestState] = {}
         self._slot_owner: dict[int, ExpertKey] = {}
         self._slot_of: dict[ExpertKey, int] = {}
+        self._cuda = self.slots.device.type == "cuda"
+        self.host_routing = self._cuda
+        """Give the MoE its rows per expert from the routing read back to the host (no device read).
+        On by default on CUDA; the CPU finds the rows from ``ids`` (same rows, same order)."""
+        self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
 
     @classmethod
@@ -88,7 +103,7 @@ class TorchBackend:
         device: str = "cpu",
         store: Literal["disk", "host"] = "disk",
         queue_depth: int = 2,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         **options: Any,
     ) -> TorchBackend:
         """Load the Hugging Face folder ``path`` and build a backend with expert cache slots.
@@ -96,7 +111,9 @@ class TorchBackend:
         The cache has ``cache_slots`` slots, or ``cache_fraction`` of all routed experts (at least
         one job's top-k); the runtime's cache must use :attr:`num_slots`. ``store`` is ``disk``
         (O_DIRECT reads of the model's safetensors files) or ``host`` (every expert copied into host
-        memory once, pinned on CUDA). ``options`` go to the constructor.
+        memory once, pinned on CUDA). ``dtype`` is the compute and slot dtype, or its name
+        (:func:`resolve_dtype`: ``auto`` is bfloat16 on CUDA, float32 on CPU). ``options`` go to the
+        constructor.
         """
         from runahead.models import load_model
         from runahead.store import SlotPool, make_store
@@ -105,6 +122,7 @@ class TorchBackend:
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
+        dtype = resolve_dtype(dtype, device)
         model, layout = load_model(path, device=device, dtype=dtype)
         if cache_slots is None:
             assert cache_fraction is not None
@@ -152,7 +170,11 @@ class TorchBackend:
         if previous is not None:
             self._slot_of.pop(previous, None)
         self._slot_owner[slot] = key
-        await self.store.read_into(key.layer, key.expert, self.slots.slot(slot))
+        after = self._fences.pop(slot, None)  # kernels still reading the slot's previous expert
+        if after is None:
+            await self.store.read_into(key.layer, key.expert, self.slots.slot(slot))
+        else:
+            await self.store.read_into(key.layer, key.expert, self.slots.slot(slot), after=after)
         self._slot_of[key] = slot
 
     # -- compute -----------------------------------------------------------------------------------
@@ -163,31 +185,45 @@ class TorchBackend:
 
     @torch.inference_mode()
     def _compute(self, group: Group) -> list[JobResult]:
-        """One backend call: every job of the group as one batch of rows (a job has one row per token)."""
-        if self.batch_invariant and len(group.jobs) > 1:
-            return [r for job in group.jobs for r in self._compute_batch(Group(group.layer, (job,)))]
-        return self._compute_batch(group)
+        """One backend call: every job of the group as one batch of rows (a job has one row per token).
 
-    def _compute_batch(self, group: Group) -> list[JobResult]:
+        Launches everything first, then waits (once, on CUDA) for what the results read.
+        """
+        readback = _Readback(self.slots.device)
+        if self.batch_invariant and len(group.jobs) > 1:
+            parts = [self._launch(Group(group.layer, (job,)), readback) for job in group.jobs]
+        else:
+            parts = [self._launch(group, readback)]
+        self._fence(group)
+        readback.wait()
+        return [result for results in parts for result in results()]
+
+    def _launch(self, group: Group, readback: _Readback) -> Callable[[], list[JobResult]]:
+        """Launch one batch's work; returns what builds its results once ``readback`` has waited."""
         model, layer, jobs = self.model, group.layer, group.jobs
         states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
             tokens = [
                 t for state, job in zip(states, jobs, strict=True) for t in self._input_tokens(state, job)
             ]
-            hidden = model.embed(torch.tensor(tokens, dtype=torch.long, device=self.slots.device))
+            hidden = model.embed(self._to_device(tokens))
             final = list(range(len(jobs)))
         else:
             hidden, final = self._moe(layer, jobs, states)
-        results: list[JobResult | None] = [JobResult(job) if job.remaining else None for job in jobs]
+        finished: Callable[[], list[JobResult]] = list
         if final:
             rows = _row_spans(jobs)
             kept = [(jobs[i], states[i]) for i in final]
             hidden = torch.cat([hidden[rows[i][0] : rows[i][1]] for i in final])
-            done = self._finish(layer, hidden, kept)
-            for i, result in zip(final, done, strict=True):
-                results[i] = result
-        return [r for r in results if r is not None]
+            finished = self._finish(layer, hidden, kept, readback)
+
+        def results() -> list[JobResult]:
+            out: list[JobResult | None] = [JobResult(job) if job.remaining else None for job in jobs]
+            for i, result in zip(final, finished(), strict=True):
+                out[i] = result
+            return [r for r in out if r is not None]
+
+        return results
 
     def _moe(
         self, layer: int, jobs: Sequence[Job], states: list[_RequestState]
@@ -201,16 +237,21 @@ class TorchBackend:
         carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
         hidden = torch.cat([c[0] for c in carried])
         weights = torch.cat([c[2] for c in carried])
-        ids = torch.cat([_wave_ids(c[1], job) for c, job in zip(carried, jobs, strict=True)])
         wanted = {e for job in jobs for e in job.experts}
         experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
+        if self.host_routing:
+            ids = torch.cat([c[1] for c in carried])  # not read: the rows come from the host copy
+            routing = self._routing(jobs, states, wanted)
+        else:
+            ids = torch.cat([_wave_ids(c[1], job) for c, job in zip(carried, jobs, strict=True)])
+            routing = None
         accumulated = torch.cat(
             [
                 state.accumulated if state.accumulated is not None else torch.zeros_like(c[0])
                 for state, c in zip(states, carried, strict=True)
             ]
         )
-        accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, accumulated)
+        accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, accumulated, routing)
         rows = _row_spans(jobs)
         final = []
         for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
@@ -223,28 +264,63 @@ class TorchBackend:
                 final.append(i)
         return hidden, final
 
+    def _routing(
+        self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Each expert's ``(rows, k positions)`` in the group's batch, from the host copy of the
+        routing, in the order ``torch.where(ids == e)`` gives them; one copy to the device."""
+        per: dict[int, tuple[list[int], list[int]]] = {}
+        base = 0
+        for job, state in zip(jobs, states, strict=True):
+            if state.routing is None:
+                raise RuntimeError(f"request {job.request} has no routing for its MoE job")
+            wave = wanted if not job.remaining and job.wave == 0 else wanted & set(job.experts)
+            for r, row in enumerate(state.routing):
+                for k, e in enumerate(row):
+                    if e in wave:
+                        rows, kpos = per.setdefault(e, ([], []))
+                        rows.append(base + r)
+                        kpos.append(k)
+            base += len(state.routing)
+        order = sorted(per)
+        flat = self._to_device([v for e in order for v in (*per[e][0], *per[e][1])])
+        routing, at = {}, 0
+        for e in order:
+            n = len(per[e][0])
+            routing[e] = (flat[at : at + n], flat[at + n : at + 2 * n])
+            at += 2 * n
+        return routing
+
     def _finish(
-        self, layer: int, hidden: torch.Tensor, kept: list[tuple[Job, _RequestState]]
-    ) -> list[JobResult]:
+        self, layer: int, hidden: torch.Tensor, kept: list[tuple[Job, _RequestState]], readback: _Readback
+    ) -> Callable[[], list[JobResult]]:
         """After the MoE: sample at the last layer, else the next layer's attention and gate."""
         model = self.model
+        spans = _row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
-            ends = [stop - 1 for _, stop in _row_spans([job for job, _ in kept])]
-            return self._sample(kept, model.logits(hidden[ends]))
+            ends = self._to_device([stop - 1 for _, stop in spans])
+            return self._sample(kept, model.logits(hidden[ends]), readback)
         following = layer + 1
         segments = [(state.cache, state.position, job.num_tokens) for job, state in kept]
         hidden = model.attention(following, hidden, segments)
         ids, weights = model.route(following, hidden)
-        predicted = None
-        if self.speculate and following + 1 < self.num_layers:
-            predicted, _ = model.route(following + 1, hidden)
-        results = []
-        for (job, state), (start, stop) in zip(kept, _row_spans([job for job, _ in kept]), strict=True):
+        for (_, state), (start, stop) in zip(kept, spans, strict=True):
             state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
-            guess = (
-                tuple(sorted(set(predicted[start:stop].flatten().tolist()))) if predicted is not None else ()
-            )
-            results.append(JobResult(job, tuple(sorted(set(ids[start:stop].flatten().tolist()))), guess))
+        host_ids = readback.add(ids)
+        host_guess = None
+        if self.speculate and following + 1 < self.num_layers:
+            host_guess = readback.add(model.route(following + 1, hidden)[0])
+
+        def results() -> list[JobResult]:
+            routing: list[list[int]] = host_ids.tolist()
+            guesses: list[list[int]] | None = host_guess.tolist() if host_guess is not None else None
+            out = []
+            for (job, state), (start, stop) in zip(kept, spans, strict=True):
+                state.routing = routing[start:stop]
+                guess = _experts(guesses[start:stop]) if guesses is not None else ()
+                out.append(JobResult(job, _experts(state.routing), guess))
+            return out
+
         return results
 
     def _input_tokens(self, state: _RequestState, job: Job) -> list[int]:
@@ -257,20 +333,64 @@ class TorchBackend:
         assert state.last_token is not None
         return [state.last_token]
 
-    def _sample(self, kept: list[tuple[Job, _RequestState]], logits: torch.Tensor) -> list[JobResult]:
-        results = []
-        for row, (job, state) in enumerate(kept):
-            state.position += job.num_tokens
-            state.hidden = state.ids = state.weights = None
-            if job.prefill and state.position < len(state.spec.prompt):
-                results.append(JobResult(job))  # a prompt chunk before the last: nothing to sample
-                continue
-            row_logits = logits[row].float()
-            if self.keep_logits:
-                state.logits.append(row_logits.cpu())
-            state.last_token = state.sampler.sample(row_logits)
-            results.append(JobResult(job, token=state.last_token))
+    def _sample(
+        self, kept: list[tuple[Job, _RequestState]], logits: torch.Tensor, readback: _Readback
+    ) -> Callable[[], list[JobResult]]:
+        """Tokens from the last rows' logits. On CUDA greedy rows are argmax'ed on the device and
+        only their tokens read back; logits come back only where a sampler or ``keep_logits`` needs them."""
+        sampled = [
+            not (job.prefill and state.position + job.num_tokens < len(state.spec.prompt))
+            for job, state in kept
+        ]  # a prompt chunk before the last has nothing to sample
+        rows = logits.float()
+        tokens = host = None
+        if any(sampled):
+            greedy = all(state.sampler.params.greedy for _, state in kept)
+            if self._cuda:
+                tokens = readback.add(torch.argmax(rows, dim=-1))
+            if not self._cuda or self.keep_logits or not greedy:
+                host = readback.add(rows)
+
+        def results() -> list[JobResult]:
+            out = []
+            for row, (job, state) in enumerate(kept):
+                state.position += job.num_tokens
+                state.hidden = state.ids = state.weights = state.routing = None
+                if not sampled[row]:
+                    out.append(JobResult(job))
+                    continue
+                if self.keep_logits:
+                    assert host is not None
+                    state.logits.append(host[row])
+                if tokens is not None and state.sampler.params.greedy:
+                    state.last_token = int(tokens[row])
+                else:
+                    assert host is not None
+                    state.last_token = state.sampler.sample(host[row])
+                out.append(JobResult(job, token=state.last_token))
+            return out
+
         return results
+
+    def _fence(self, group: Group) -> None:
+        """On CUDA: record an event after the group's kernels; a later fetch into one of the group's
+        slots waits for it on the copy stream, so pins may be released before the kernels finish."""
+        if not self._cuda:
+            return
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record()
+        for job in group.jobs:
+            for key in job.keys:
+                slot = self._slot_of.get(key)
+                if slot is not None:
+                    self._fences[slot] = done
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """A long tensor of ``values`` on the slots' device; on CUDA from pinned memory, not blocking."""
+        tensor = torch.tensor(values, dtype=torch.long)
+        if self._cuda:
+            return tensor.pin_memory().to(self.slots.device, non_blocking=True)
+        return tensor
 
     def _slot_tensor(self, key: ExpertKey) -> torch.Tensor:
         slot = self._slot_of.get(key)
@@ -280,6 +400,52 @@ class TorchBackend:
             )
         tensor: torch.Tensor = self.slots.slot(slot)
         return tensor
+
+
+class _Readback:
+    """The small tensors a group's results need on the host, read with at most one wait per group.
+
+    On CPU a tensor is kept as it is. On CUDA :meth:`add` starts a non-blocking copy into pinned
+    host memory on the compute stream right away; :meth:`wait` records one event after the last
+    copy and waits for it (the thread waits, not the event loop). Tensors :meth:`add` returns are
+    valid once :meth:`wait` has returned.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.copies = 0
+
+    def add(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self.cuda:
+            return tensor
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        self.copies += 1
+        return host
+
+    def wait(self) -> None:
+        if self.cuda and self.copies:
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record()
+            done.synchronize()
+
+
+def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device) -> torch.dtype:
+    """A compute dtype from a name: ``float32``, ``bfloat16``, ``float16``, or ``auto`` (bfloat16 on
+    CUDA; float32 on CPU, where bfloat16 matmuls can be ~100x slower)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; expected auto, {', '.join(names)}")
+    return names[dtype]
+
+
+def _experts(rows: list[list[int]]) -> tuple[int, ...]:
+    """The distinct experts in rows of routing, ascending."""
+    return tuple(sorted({e for row in rows for e in row}))
 
 
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ few hooks (:meth:`MoEModel.project_qkv`, :meth:`MoEModel.shared_expert`) for wha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -488,18 +488,23 @@ class MoEModel:
         weights: Tensor,
         experts: Mapping[int, Tensor],
         out: Tensor | None = None,
+        routing: Mapping[int, tuple[Tensor, Tensor]] | None = None,
     ) -> Tensor:
         """Add the routed-expert contributions of just the ``experts`` given to ``out`` (zeros if None).
 
         The expert-compute seam. A job whose experts do not all fit in the cache at once (a prefill
-        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`.
+        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`. ``routing`` maps
+        each expert to compute to its ``(rows, k positions)`` in ``ids`` as index tensors on the
+        model's device; a backend that holds the routing on the host passes it so the MoE needs no
+        device-to-host read (``ids`` is then not read). Without it the rows are found from ``ids``.
         """
         x = self.expert_input(layer, hidden)
         if out is None:
             out = torch.zeros_like(x)
-        routed = set(torch.unique(ids).tolist())
-        for expert in sorted(set(experts) & routed):
-            rows, kpos = torch.where(ids == expert)
+        if routing is None:
+            routing = rows_per_expert(ids, experts)
+        for expert in sorted(routing):
+            rows, kpos = routing[expert]
             y = self.run_expert(experts[expert].to(x.dtype), x[rows]) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
         return out
@@ -567,6 +572,19 @@ def _mask(
     if window is not None:
         allowed &= k_pos > q_pos - window
     return allowed
+
+
+def rows_per_expert(ids: Tensor, experts: Collection[int]) -> dict[int, tuple[Tensor, Tensor]]:
+    """For each of ``experts`` that ``ids`` ``[T, k]`` routes to: its ``(rows, k positions)`` in ``ids``.
+
+    Reads ``ids`` on the host (a device sync on CUDA); entries of -1 route nowhere.
+    """
+    routed = set(torch.unique(ids).tolist())
+    found = {}
+    for e in sorted(set(experts) & routed):
+        rows, kpos = torch.where(ids == e)
+        found[int(e)] = (rows, kpos)
+    return found
 
 
 def _swiglu(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:

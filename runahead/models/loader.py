@@ -259,7 +259,16 @@ def load_reference_slot(
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved in the model folder, loaded offline with ``transformers.AutoTokenizer``."""
+    """The tokenizer saved in the model folder, loaded offline with ``transformers.AutoTokenizer``.
+
+    Raises ``FileNotFoundError`` when the folder has no tokenizer files (``transformers`` would
+    otherwise load an empty vocabulary that encodes every text to no tokens).
+    """
     from transformers import AutoTokenizer
+
+    from runahead.tokenizer import TOKENIZER_FILES, has_tokenizer
+
+    if not has_tokenizer(path):
+        raise FileNotFoundError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
 
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -26,6 +26,8 @@ from runahead.server.errors import APIError
 from runahead.server.generation import ChatShape, CompletionShape, ResponseShape, Tally, collect, sse_events
 from runahead.server.logs import CLIENT_CLOSED, AccessLog
 from runahead.server.metrics import CONTENT_TYPE, ServerMetrics
+from runahead.server.openapi import openapi_document
+from runahead.server.responses import Health, ModelCard, ModelList
 
 if TYPE_CHECKING:
     from runahead.engine import Engine
@@ -62,11 +64,13 @@ class OpenAIRoutes:
         self.eos = frozenset([eos] if isinstance(eos, int) else [])
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        """200 while the engine serves (``ok`` or ``degraded``), 503 once it has stopped."""
+        report = Health.model_validate(self.engine.health())
+        return JSONResponse(report.dump(), status_code=503 if report.status == "failed" else 200)
 
     async def models(self, request: Request) -> Response:
-        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "runahead"}
-        return JSONResponse({"object": "list", "data": [model]})
+        model = ModelCard(id=self.model_name, object="model", created=0, owned_by="runahead")
+        return JSONResponse(ModelList(object="list", data=[model]).dump())
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, protocol.completion_request, CompletionShape(self.model_name))
@@ -86,8 +90,9 @@ class OpenAIRoutes:
             done = await until_disconnected(request, collect(self.engine, job, tally))
         except ValueError as error:  # the engine's own checks, should ours miss one
             raise APIError(str(error)) from None
-        except RuntimeError as error:  # a closed or failed engine
-            raise APIError(str(error), status=503, kind="server_error") from None
+        except RuntimeError as error:  # a failed read or compute (500), or a closed or failed engine (503)
+            status = 500 if self.engine.running else 503
+            raise APIError(str(error), status=status, kind="server_error") from None
         if done is None:
             return Response(status_code=CLIENT_CLOSED)
         text, finish_reason = done
@@ -133,8 +138,13 @@ def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -
     api = OpenAIRoutes(engine, model_name)
     metrics = ServerMetrics(engine)
 
+    document = openapi_document(model_name)
+
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
 
     routes = [
         Route("/health", api.health, methods=["GET"]),
@@ -142,6 +152,7 @@ def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/metrics", metrics_text, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager

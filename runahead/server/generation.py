@@ -18,6 +18,18 @@ import structlog
 
 from runahead.server.errors import APIError
 from runahead.server.protocol import GenerationRequest
+from runahead.server.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    FinishReason,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from runahead.engine import Chunk, Engine
@@ -77,14 +89,12 @@ class Tally:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> Usage:
         """OpenAI's ``usage`` object."""
         total = self.prompt_tokens + self.completion_tokens
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": total,
-        }
+        return Usage(
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, total_tokens=total
+        )
 
 
 async def deltas(engine: Engine, request: GenerationRequest, tally: Tally) -> AsyncIterator[Delta]:
@@ -150,44 +160,35 @@ async def sse_events(
         yield sse(APIError(f"generation failed: {error}", status=500, kind="server_error").body())
     else:
         if request.include_usage:
-            yield sse(shape.envelope([], usage=tally.usage()))
+            yield sse(shape.usage_chunk(tally.usage()))
     finally:
         await stream.aclose()
     yield DONE
 
 
 class ResponseShape:
-    """The id, timestamp and JSON shapes of one answer; subclasses give each endpoint's fields."""
+    """The id, timestamp and models of one answer; subclasses give each endpoint's fields."""
 
     prefix = "cmpl"
-    object_name = "text_completion"
-    chunk_object_name = "text_completion"
 
     def __init__(self, model: str) -> None:
         self.model = model
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
-    def envelope(
-        self, choices: list[dict[str, Any]], *, usage: dict[str, int] | None = None, chunk: bool = True
-    ) -> dict[str, Any]:
+    def fields(self) -> dict[str, Any]:
         """The fields every answer and chunk carries around its choices."""
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": self.chunk_object_name if chunk else self.object_name,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            body["usage"] = usage
-        return body
+        return {"id": self.id, "created": self.created, "model": self.model}
 
     def opening(self) -> list[dict[str, Any]]:
         """Chunks sent before the first token."""
         return []
 
     def chunk(self, delta: Delta) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        """The last chunk of a stream with ``include_usage``: no choices, the usage."""
         raise NotImplementedError
 
     def response(self, text: str, finish_reason: str, tally: Tally) -> dict[str, Any]:
@@ -198,39 +199,51 @@ class CompletionShape(ResponseShape):
     """``/v1/completions``: choices carry ``text``."""
 
     def chunk(self, delta: Delta) -> dict[str, Any]:
-        return self.envelope([_text_choice(delta.text, delta.finish_reason)])
+        choice = CompletionChoice(
+            index=0, text=delta.text, logprobs=None, finish_reason=_reason(delta.finish_reason)
+        )
+        return Completion(**self.fields(), object="text_completion", choices=[choice]).dump()
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return Completion(**self.fields(), object="text_completion", choices=[], usage=usage).dump()
 
     def response(self, text: str, finish_reason: str, tally: Tally) -> dict[str, Any]:
-        return self.envelope([_text_choice(text, finish_reason)], usage=tally.usage(), chunk=False)
+        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=_reason(finish_reason))
+        return Completion(
+            **self.fields(), object="text_completion", choices=[choice], usage=tally.usage()
+        ).dump()
 
 
 class ChatShape(ResponseShape):
     """``/v1/chat/completions``: a ``message`` whole, or ``delta`` chunks after a role chunk."""
 
     prefix = "chatcmpl"
-    object_name = "chat.completion"
-    chunk_object_name = "chat.completion.chunk"
 
     def opening(self) -> list[dict[str, Any]]:
-        return [self.envelope([_delta_choice({"role": "assistant", "content": ""}, None)])]
+        return [self._chunk(ChatDelta(role="assistant", content=""), None)]
 
     def chunk(self, delta: Delta) -> dict[str, Any]:
-        content = {"content": delta.text} if delta.text else {}
-        return self.envelope([_delta_choice(content, delta.finish_reason)])
+        return self._chunk(ChatDelta(content=delta.text) if delta.text else ChatDelta(), delta.finish_reason)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return ChatCompletionChunk(
+            **self.fields(), object="chat.completion.chunk", choices=[], usage=usage
+        ).dump()
+
+    def _chunk(self, delta: ChatDelta, finish_reason: str | None) -> dict[str, Any]:
+        choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=_reason(finish_reason))
+        return ChatCompletionChunk(**self.fields(), object="chat.completion.chunk", choices=[choice]).dump()
 
     def response(self, text: str, finish_reason: str, tally: Tally) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        return self.envelope([choice], usage=tally.usage(), chunk=False)
+        message = AssistantMessage(role="assistant", content=text)
+        choice = ChatChoice(index=0, message=message, logprobs=None, finish_reason=_reason(finish_reason))
+        return ChatCompletion(
+            **self.fields(), object="chat.completion", choices=[choice], usage=tally.usage()
+        ).dump()
 
 
-def _text_choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-
-
-def _delta_choice(delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def _reason(reason: str | None) -> FinishReason | None:
+    """The engine's finish reason as OpenAI's (a cancelled request never gets this far)."""
+    if reason is None:
+        return None
+    return "stop" if reason == "stop" else "length"

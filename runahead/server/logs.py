@@ -2,55 +2,22 @@
 
 from __future__ import annotations
 
-import logging
-import sys
 import time
 from collections.abc import Collection
-from typing import Any
 
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runahead.logs import configure_logging
 from runahead.server.generation import Tally
 from runahead.server.metrics import ServerMetrics
+
+__all__ = ["AccessLog", "configure_logging"]
 
 log = structlog.get_logger("runahead.server")
 
 CLIENT_CLOSED = 499
 """The status recorded for a request whose client went away before its answer (nginx's code)."""
-
-
-def configure_logging(json: bool = False, level: str = "info") -> None:
-    """Send every log line (ours and uvicorn's) to stderr: readable by default, JSON if ``json``."""
-    shared: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    renderer: list[Any] = (
-        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-        if json
-        else [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
-    )
-    structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
-    )
-    formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
-    )
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers.clear()
-        logging.getLogger(name).propagate = True
 
 
 class AccessLog:

@@ -9,38 +9,33 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from runahead.sampling import SamplingParams
 from runahead.server.errors import APIError, invalid
+from runahead.server.schema import UNSUPPORTED, ChatMessage, ChatRequest, CompletionRequest, Sampling, show
 
 if TYPE_CHECKING:
     from runahead.engine import Engine
 
-MAX_STOP_STRINGS = 4
-"""OpenAI's limit on ``stop``."""
+M = TypeVar("M", bound=BaseModel)
 
 COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for ``/v1/completions``; chat defaults to the context left."""
 
-SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
-"""The seeds ``torch.Generator.manual_seed`` takes."""
-
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
-# Parameters this server does not implement, and the values that mean "not used".
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
-    "best_of": (1,),
-    "echo": (False,),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
-    "suffix": ("",),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "logit_bias": ({},),
-    "tools": ([],),
-    "functions": ([],),
+_MISSING = {"model": "a model parameter", "prompt": "a prompt", "messages": "messages"}
+_TYPES = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
 }
 
 
@@ -72,7 +67,7 @@ def check_model(data: Mapping[str, Any], served: str) -> None:
     if model is None:
         raise invalid("model", "you must provide a model parameter")
     if not isinstance(model, str):
-        raise invalid("model", f"model must be a string, got {_show(model)}")
+        raise invalid("model", f"model must be a string, got {show(model)}")
     if model != served:
         raise APIError(
             f"the model {model!r} does not exist; this server serves {served!r}",
@@ -82,33 +77,99 @@ def check_model(data: Mapping[str, Any], served: str) -> None:
         )
 
 
+def validate(model: type[M], data: Mapping[str, Any]) -> M:
+    """``data`` as ``model``, or a 400 naming the first field that is wrong and its value."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise validation_error(model, error.errors()[0]) from None
+
+
+def validation_error(model: type[BaseModel], error: ErrorDetails) -> APIError:
+    """One pydantic error as an OpenAI error: ``param`` is the field's path, the message names it."""
+    path = _path(error["loc"])
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind == "missing":
+        message = f"you must provide {_MISSING.get(path, path)}"
+    elif kind == "value_error":
+        reason = str(ctx.get("error", error["msg"]))
+        message = f"{path} {reason}" if reason.startswith("must ") else reason
+    elif kind in _TYPES:
+        message = f"{path} must be {_TYPES[kind]}, got {show(value)}"
+    elif kind == "literal_error":
+        message = f"{path} must be one of {ctx.get('expected')}, got {show(value)}"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        message = f"{path} must {_bounds(model, path)}, got {show(value)}"
+    elif kind == "too_short":
+        message = f"{path} must have at least {ctx.get('min_length')} items, got {show(value)}"
+    else:
+        message = f"{path}: {error['msg']}, got {show(value)}"
+    return invalid(path or None, message)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 0, "role")`` as ``messages[0].role``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path
+
+
+def _bounds(model: type[BaseModel], path: str) -> str:
+    """A field's range as a client reads it: ``lie in (0, 1]`` or ``be >= 1``."""
+    field = model.model_fields.get(path)
+    limits = {
+        type(m).__name__: getattr(m, type(m).__name__.lower())
+        for m in (field.metadata if field else [])
+        if type(m).__name__ in ("Ge", "Gt", "Le", "Lt")
+    }
+    low = limits.get("Ge", limits.get("Gt"))
+    high = limits.get("Le", limits.get("Lt"))
+    if low is None or high is None:
+        return f"be >= {low}" if low is not None else f"be <= {high}"
+    left = "[" if "Ge" in limits else "("
+    right = "]" if "Le" in limits else ")"
+    return f"lie in {left}{low}, {high}{right}"
+
+
 def completion_request(data: Mapping[str, Any], engine: Engine, eos: frozenset[int]) -> GenerationRequest:
     """Check a ``/v1/completions`` body and encode its prompt."""
+    body = validate(CompletionRequest, data)
     _refuse_unsupported(data)
-    ids = _encode(engine, _single_prompt(data.get("prompt")), "prompt")
+    prompt = body.prompt
+    single = (
+        prompt[0] if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else prompt
+    )
+    ids = _encode(engine, single, "prompt")  # type: ignore[arg-type]
     default = min(COMPLETION_MAX_TOKENS, max(1, engine.context_length - len(ids)))
-    return _generation(data, engine, ids, "prompt", default, eos)
+    return _generation(body, engine, ids, "prompt", default, eos, ("max_tokens", body.max_tokens))
 
 
 def chat_request(data: Mapping[str, Any], engine: Engine, eos: frozenset[int]) -> GenerationRequest:
     """Check a ``/v1/chat/completions`` body and render its messages with the chat template."""
+    body = validate(ChatRequest, data)
     _refuse_unsupported(data)
-    messages = _messages(data.get("messages"))
-    ids = _render_chat(engine, messages)
-    return _generation(data, engine, ids, "messages", max(1, engine.context_length - len(ids)), eos)
+    ids = _render_chat(engine, body.messages)
+    default = max(1, engine.context_length - len(ids))
+    asked = ("max_completion_tokens", body.max_completion_tokens)
+    if body.max_completion_tokens is None:
+        asked = ("max_tokens", body.max_tokens)
+    return _generation(body, engine, ids, "messages", default, eos, asked)
 
 
 # -- shared fields ---------------------------------------------------------------------------------
 
 
 def _generation(
-    data: Mapping[str, Any],
+    body: Sampling,
     engine: Engine,
     ids: list[int],
     prompt_field: str,
     default_max_tokens: int,
     eos: frozenset[int],
+    asked: tuple[str, int | None],
 ) -> GenerationRequest:
+    """The engine's request; ``asked`` is the max-tokens field the client used and its value."""
     context = engine.context_length
     if len(ids) >= context:
         raise invalid(
@@ -117,8 +178,7 @@ def _generation(
             "(and at least one must be left to generate)",
             "context_length_exceeded",
         )
-    name = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _integer(data, name, default_max_tokens, minimum=1)
+    name, max_tokens = asked[0], asked[1] or default_max_tokens
     if len(ids) + max_tokens > context:
         raise invalid(
             name,
@@ -128,90 +188,25 @@ def _generation(
         )
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(data, "temperature", 1.0, 0.0, 2.0, low_open=False),
-        top_p=_number(data, "top_p", 1.0, 0.0, 1.0, low_open=True),
-        top_k=_integer(data, "top_k", 0, minimum=0),
-        seed=_seed(data),
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=body.top_k or 0,
+        seed=body.seed,
         stop_token_ids=eos,
     )
-    stream = _boolean(data, "stream", False)
-    return GenerationRequest(ids, params, _stop(data), stream, _include_usage(data, stream))
-
-
-def _integer(data: Mapping[str, Any], name: str, default: int, *, minimum: int) -> int:
-    value = data.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"{name} must be an integer, got {_show(value)}")
-    if value < minimum:
-        raise invalid(name, f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _number(
-    data: Mapping[str, Any], name: str, default: float, low: float, high: float, *, low_open: bool
-) -> float:
-    value = data.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(name, f"{name} must be a number, got {_show(value)}")
-    if not ((low < value) if low_open else (low <= value)) or not value <= high:
-        bracket = "(" if low_open else "["
-        raise invalid(name, f"{name} must lie in {bracket}{low:g}, {high:g}], got {value}")
-    return float(value)
-
-
-def _boolean(data: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = data.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(name, f"{name} must be true or false, got {_show(value)}")
-    return value
-
-
-def _seed(data: Mapping[str, Any]) -> int | None:
-    value = data.get("seed")
-    if value is None:
-        return None
-    low, high = SEED_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid("seed", f"seed must be an integer in [{low}, {high}], got {_show(value)}")
-    return value
-
-
-def _stop(data: Mapping[str, Any]) -> tuple[str, ...]:
-    value = data.get("stop")
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("stop", f"stop must be a string or a list of strings, got {_show(value)}")
-    if len(stops) > MAX_STOP_STRINGS:
-        raise invalid("stop", f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
-    if any(s == "" for s in stops):
-        raise invalid("stop", "stop strings must not be empty")
-    return tuple(stops)
-
-
-def _include_usage(data: Mapping[str, Any], stream: bool) -> bool:
-    options = data.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
+    stream = bool(body.stream)
+    if body.stream_options is not None and not stream:
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
-    if not isinstance(options, dict):
-        raise invalid("stream_options", f"stream_options must be an object, got {_show(options)}")
-    return _boolean(options, "include_usage", False)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return GenerationRequest(ids, params, stop, stream, include_usage)
 
 
 def _refuse_unsupported(data: Mapping[str, Any]) -> None:
-    for name, unused in _UNSUPPORTED.items():
+    for name, unused in UNSUPPORTED.items():
         value = data.get(name)
         if value is not None and not any(_same(value, u) for u in unused):
-            raise invalid(name, f"{name}={_show(value)} is not supported by this server", "unsupported")
+            raise invalid(name, f"{name}={show(value)} is not supported by this server", "unsupported")
 
 
 def _same(value: Any, unused: Any) -> bool:
@@ -222,35 +217,7 @@ def _same(value: Any, unused: Any) -> bool:
     return type(value) is type(unused) and bool(value == unused)
 
 
-def _show(value: Any) -> str:
-    text = json.dumps(value) if _is_json(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _is_json(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 # -- prompts ---------------------------------------------------------------------------------------
-
-
-def _single_prompt(prompt: Any) -> str | list[int]:
-    """The one prompt of a request: a string, a list of token ids, or a list holding one of those."""
-    if prompt is None:
-        raise invalid("prompt", "you must provide a prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        if len(prompt) != 1:
-            raise invalid("prompt", f"this server takes one prompt per request, got {len(prompt)}")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise invalid("prompt", f"prompt must be a string or a list of token ids, got {_show(prompt)}")
 
 
 def _encode(engine: Engine, prompt: str | Sequence[int], field: str) -> list[int]:
@@ -260,38 +227,9 @@ def _encode(engine: Engine, prompt: str | Sequence[int], field: str) -> list[int
         raise invalid(field, str(error)) from None
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
-    """Chat messages as ``{"role", "content"}`` with text content (parts of type text are joined)."""
-    if value is None:
-        raise invalid("messages", "you must provide messages")
-    if not isinstance(value, list) or not value:
-        raise invalid("messages", f"messages must be a non-empty list, got {_show(value)}")
-    return [_message(i, m) for i, m in enumerate(value)]
-
-
-def _message(index: int, message: Any) -> dict[str, str]:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise invalid(where, f"{where} must be an object, got {_show(message)}")
-    role = message.get("role")
-    if role not in ROLES:
-        raise invalid(f"{where}.role", f"{where}.role must be one of {sorted(ROLES)}, got {_show(role)}")
-    return {"role": role, "content": _content(f"{where}.content", message.get("content"))}
-
-
-def _content(where: str, content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) == len(content) and all(isinstance(t, str) for t in texts):
-            return "".join(texts)  # type: ignore[arg-type]
-        raise invalid(where, f"{where}: only text content parts are supported, got {_show(content)}")
-    raise invalid(where, f"{where} must be a string or a list of text parts, got {_show(content)}")
-
-
-def _render_chat(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
+def _render_chat(engine: Engine, chat: list[ChatMessage]) -> list[int]:
     """Token ids of the messages through the tokenizer's chat template, ending in the reply prompt."""
+    messages = [{"role": m.role, "content": m.text()} for m in chat]
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise invalid(

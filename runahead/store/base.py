@@ -92,11 +92,12 @@ class ExpertStore(Protocol):
     reads: int
     """Completed ``read_into`` calls."""
 
-    async def read_into(self, layer: int, expert: int, slot: torch.Tensor) -> None:
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> None:
         """Fill ``slot`` (``slot_numel`` elements) with expert ``(layer, expert)`` in the slot format.
 
         Called by the backend's ``fetch``; returns when the bytes are in the slot. Never blocks the
-        event loop.
+        event loop. ``after``: a CUDA event the copy into a device slot must wait for (recorded after
+        the last kernels that read the slot's previous expert); the copy stream waits, not the host.
         """
         ...
 
@@ -249,7 +250,11 @@ class _Executor:
 
 
 class _CudaCopier:
-    """A dedicated copy stream per CUDA device; copies wait on an event in the calling (worker) thread."""
+    """A dedicated copy stream per CUDA device; copies wait on an event in the calling (worker) thread.
+
+    The streams are torch's non-blocking pool streams: they never wait for the compute stream
+    implicitly, which is why a copy into a slot waits for the slot's fence (``after``) explicitly.
+    """
 
     def __init__(self) -> None:
         self._streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -260,3 +265,10 @@ class _CudaCopier:
             if device not in self._streams:
                 self._streams[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
             return self._streams[device]
+
+    def begin(self, device: torch.device, after: Any) -> torch.cuda.Stream:
+        """The device's copy stream, made to wait (on the device) for the CUDA event ``after``."""
+        stream = self.stream(device)
+        if after is not None:
+            stream.wait_event(after)
+        return stream

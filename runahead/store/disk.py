@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import mmap
+from typing import Any
 
 import torch
 
@@ -18,6 +20,8 @@ from runahead.store.base import (
     validate_layout,
 )
 from runahead.store.files import _copy_run, _FileReader
+
+log = logging.getLogger("runahead.store")
 
 
 class DiskStore:
@@ -57,7 +61,8 @@ class DiskStore:
         self._memory_backed = any(filesystem_type(path) in MEMORY_FILESYSTEMS for path in self._files.fds)
         self._executor = _Executor(queue_depth, "runahead-disk")
         self._cuda = _CudaCopier()
-        self._registered: set[int] = set()
+        self._registered: set[int] = set()  # read buffers page-locked for DMA
+        self._unpinnable: set[int] = set()
         self._closed = False
 
     @property
@@ -81,42 +86,58 @@ class DiskStore:
         reads run at memory speed, so they say nothing about a disk."""
         return self._memory_backed
 
-    async def read_into(self, layer: int, expert: int, slot: torch.Tensor) -> None:
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> None:
         """Read expert ``(layer, expert)`` from disk into ``slot``; see :meth:`ExpertStore.read_into`."""
         key = (layer, expert)
         if key not in self._plans:
             raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
         flat = _check_slot(self.layout, slot)
-        await self._executor.run(self._read_blocking, key, flat)
+        await self._executor.run(self._read_blocking, key, flat, after)
         self.bytes_read += self._payload[key]
         self.reads += 1
 
-    def _read_blocking(self, key: tuple[int, int], slot: torch.Tensor) -> None:
-        cuda = slot.device.type == "cuda"
+    def _read_blocking(self, key: tuple[int, int], slot: torch.Tensor, after: Any) -> None:
+        stream = self._cuda.begin(slot.device, after) if slot.device.type == "cuda" else None
         for run in self._plans[key]:
             buf, base = self._files.read(run)
-            if not cuda:
+            if stream is None:
                 _copy_run(buf, base, run, slot)
                 continue
-            self._register(buf)
-            stream = self._cuda.stream(slot.device)
+            pinned = self._register(buf)
             with torch.cuda.stream(stream):
-                _copy_run(buf, base, run, slot, non_blocking=True)
+                _copy_run(buf, base, run, slot, non_blocking=pinned)
                 done = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 done.record(stream)
             done.synchronize()  # the buffer is reused by this thread's next read
 
-    def _register(self, buf: mmap.mmap) -> None:
-        """Page-lock a read buffer once so host -> device copies from it are true DMA (best effort)."""
+    def _register(self, buf: mmap.mmap) -> bool:
+        """Page-lock a read buffer once, so host -> device copies from it are asynchronous DMA.
+
+        Returns False where CUDA refuses (the copy is then a synchronous one from pageable memory),
+        with one warning.
+        """
         import ctypes
 
         ptr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
         if ptr in self._registered:
-            return
+            return True
+        if ptr in self._unpinnable:
+            return False
         with self._files._lock:
-            if ptr not in self._registered:
-                torch.cuda.cudart().cudaHostRegister(ptr, len(buf), 0)  # type: ignore[no-untyped-call]
-                self._registered.add(ptr)
+            if ptr not in self._registered and ptr not in self._unpinnable:
+                cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+                error = cudart.cudaHostRegister(ptr, len(buf), 0)
+                if int(error) == 0:
+                    self._registered.add(ptr)
+                else:
+                    self._unpinnable.add(ptr)
+                    log.warning(
+                        "cudaHostRegister of a %d-byte read buffer failed (CUDA error %d): expert "
+                        "copies to the device go from pageable memory, synchronously",
+                        len(buf),
+                        int(error),
+                    )
+        return ptr in self._registered
 
     def close(self) -> None:
         """Wait for in-flight reads, then close files and buffers. Idempotent."""

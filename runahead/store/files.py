@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import threading
@@ -12,11 +13,16 @@ import torch
 
 from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Read
 
+log = logging.getLogger("runahead.store")
+
 
 class _FileReader:
     """Opens each expert file once (``O_DIRECT`` when it can) and reads runs into per-thread buffers.
 
     Thread safe: ``os.preadv`` carries its own offset, and each thread has its own aligned buffer.
+    A file whose filesystem refuses O_DIRECT, at open or at its first read (EINVAL: some overlay and
+    network filesystems accept the flag but not the reads), is read buffered instead, with a warning
+    on the ``runahead.store`` logger naming the file and ``reason`` saying why.
     """
 
     def __init__(
@@ -44,10 +50,7 @@ class _FileReader:
                     if exc.errno != errno.EINVAL:
                         self.close()
                         raise StoreError(f"{path}: cannot open expert file: {exc}") from exc
-                    if not self.reason:
-                        self.reason = (
-                            f"O_DIRECT refused by the filesystem of {path} (EINVAL); using buffered reads"
-                        )
+                    self._refused(path, "open")
             if fd < 0:
                 try:
                     fd = os.open(path, os.O_RDONLY)
@@ -55,6 +58,31 @@ class _FileReader:
                     self.close()
                     raise StoreError(f"{path}: cannot open expert file: {exc}") from exc
             self.fds[path] = fd
+
+    def _refused(self, path: str, when: str) -> None:
+        """Note (once per file) that ``path``'s filesystem refused O_DIRECT at ``when``."""
+        reason = f"O_DIRECT refused by the filesystem of {path} (EINVAL at {when}); using buffered reads"
+        if not self.reason:
+            self.reason = reason
+        log.warning(
+            "%s: reads of this file may come from the page cache, not the disk; bind-mount the model "
+            "from a disk filesystem (not an overlay or tmpfs) to measure the disk",
+            reason,
+        )
+
+    def _reopen_buffered(self, path: str, fd: int) -> int:
+        """Replace the O_DIRECT descriptor ``fd`` of ``path`` by a buffered one (once, thread safe)."""
+        with self._lock:
+            if path in self.direct_paths and self.fds.get(path) == fd:
+                try:
+                    buffered = os.open(path, os.O_RDONLY)
+                except OSError as exc:
+                    raise StoreError(f"{path}: cannot reopen expert file for buffered reads: {exc}") from exc
+                self.fds[path] = buffered
+                self.direct_paths.discard(path)
+                os.close(fd)
+                self._refused(path, "read")
+            return self.fds[path]
 
     @property
     def direct(self) -> bool:
@@ -82,6 +110,14 @@ class _FileReader:
         """
         fd = self.fds[run.path]
         if run.path in self.direct_paths:
+            try:
+                return self._read(fd, run, direct=True)
+            except _DirectRefused:
+                fd = self._reopen_buffered(run.path, fd)
+        return self._read(fd, run, direct=False)
+
+    def _read(self, fd: int, run: _Read, direct: bool) -> tuple[mmap.mmap, int]:
+        if direct:
             a = self.alignment
             start = run.offset - run.offset % a
             stop = -(-(run.offset + run.nbytes) // a) * a
@@ -96,6 +132,8 @@ class _FileReader:
                 try:
                     n = os.preadv(fd, [view[got : stop - start]], start + got)
                 except OSError as exc:
+                    if direct and exc.errno == errno.EINVAL:
+                        raise _DirectRefused from exc
                     raise StoreError(
                         f"{run.path}: read of {stop - start - got} bytes at offset {start + got} "
                         f"failed: {exc}"
@@ -123,6 +161,10 @@ class _FileReader:
             for buf in self._buffers:
                 buf.close()
             self._buffers.clear()
+
+
+class _DirectRefused(Exception):
+    """An O_DIRECT read failed with EINVAL: the filesystem took the flag at open but not the read."""
 
 
 def _copy_run(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from runahead.models.layout import ExpertLayout
@@ -68,24 +70,24 @@ class HostStore:
         """The expert's slot image in host memory (a view; e.g. for CPU-assisted compute)."""
         return self.image[self._index[(layer, expert)]]
 
-    async def read_into(self, layer: int, expert: int, slot: torch.Tensor) -> None:
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> None:
         """Copy expert ``(layer, expert)`` from host memory into ``slot`` (see ``ExpertStore.read_into``)."""
         key = (layer, expert)
         if key not in self._index:
             raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
         flat = _check_slot(self.layout, slot)
-        await self._executor.run(self._copy_blocking, self._index[key], flat)
+        await self._executor.run(self._copy_blocking, self._index[key], flat, after)
         self.bytes_read += self._slot_bytes
         self.reads += 1
 
-    def _copy_blocking(self, i: int, slot: torch.Tensor) -> None:
+    def _copy_blocking(self, i: int, slot: torch.Tensor, after: Any) -> None:
         src = self.image[i]
         if slot.device.type != "cuda":
             slot.copy_(src)
             return
-        stream = self._cuda.stream(slot.device)
+        stream = self._cuda.begin(slot.device, after)
         with torch.cuda.stream(stream):
-            slot.copy_(src, non_blocking=True)
+            slot.copy_(src, non_blocking=self.pin_memory)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(stream)
         done.synchronize()

@@ -1,0 +1,157 @@
+"""Argument types of the command line: each refuses a bad value with one line naming the option.
+
+argparse turns the ``ArgumentTypeError`` into ``runahead <command>: error: ...`` and exit code 2,
+before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+T = TypeVar("T")
+
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (exit code 2) that points at ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help lines that end with the option's default, when it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS) or "(default" in text or not action.option_strings:
+            return text
+        shown = ",".join(map(_shown, default)) if isinstance(default, list) else _shown(default)
+        return f"{text} (default: {shown})"
+
+
+def _shown(value: Any) -> str:
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
+def integer(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer in ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def number(low: float, high: float | None = None, *, open_low: bool = False) -> Callable[[str], float]:
+    """A number in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < low or (open_low and value == low) or (high is not None and value > high):
+            left = "(" if open_low else "["
+            bound = f">= {low}" if high is None and not open_low else f"in {left}{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+FRACTION = number(0.0, 1.0, open_low=True)
+"""A cache fraction: in (0, 1]."""
+
+
+def listed(kind: Callable[[str], T]) -> Callable[[str], list[T]]:
+    """A comma-separated list of ``kind``."""
+
+    def parse(text: str) -> list[T]:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return [kind(part) for part in parts]
+
+    return parse
+
+
+def token_ids(text: str) -> list[int]:
+    """Prompt token ids: ``1,2,3``."""
+    return listed(integer(0))(text)
+
+
+def barriers(text: str) -> list[bool]:
+    """``on``, ``off`` or ``on,off``."""
+    values = {"on": True, "off": False}
+    try:
+        return [values[part] for part in text.split(",")]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected on, off or on,off; got {text!r}") from None
+
+
+def policy(text: str) -> str:
+    """One policy spec, checked (``runahead``, ``sync/grouping=static:4``, ...)."""
+    from runahead.policy import parse_policy
+
+    try:
+        parse_policy(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text.strip()
+
+
+def device(text: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N`` (whether this torch build has it is checked when the model loads)."""
+    if not DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def check_device(name: str) -> None:
+    """Refuse a CUDA device that this torch build or machine does not have (raises ``ValueError``)."""
+    if name == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        why = "is built without CUDA" if torch.version.cuda is None else "sees no CUDA device"
+        raise ValueError(f"--device {name}: this torch ({torch.__version__}) {why}; use --device cpu")
+    index = int(name.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
+
+EXTRAS = {
+    "torch": "torch",
+    "safetensors": "torch",
+    "transformers": "torch",
+    "tokenizers": "torch",
+    "starlette": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "matplotlib": "plot",
+    "uvloop": "uvloop",
+}
+"""Top-level module -> the extra of ``pyproject.toml`` that installs it."""
+
+
+def missing_extra(error: ModuleNotFoundError) -> str | None:
+    """One line naming the extra to install for a missing optional package, or ``None`` if it is not one."""
+    module = (error.name or "").partition(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is None:
+        return None
+    return f"this needs the {module!r} package: pip install 'runahead[{extra}]' (or 'runahead[all]')"

@@ -1,0 +1,113 @@
+"""The command line as a new user meets it: help that says what and what default, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from runahead.cli import build_parser, main
+from runahead.cli_args import HelpFormatter, missing_extra
+
+COMMANDS = ("bench", "demo", "serve", "generate")
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    (choices,) = [a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert isinstance(choices, dict)
+    return choices[name]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_has_a_help_line_with_its_default(name: str) -> None:
+    parser = subcommand(name)
+    shown = "".join(parser.format_help().split())  # compared without whitespace: lines wrap at hyphens
+    formatter = HelpFormatter(name)
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, f"runahead {name} {action.dest}: no help line"
+        help_line = formatter._get_help_string(action)
+        assert help_line is not None
+        if action.option_strings and action.default not in (None, False):
+            assert "(default: " in help_line, f"runahead {name} {action.option_strings[0]}: no default shown"
+        assert "".join(help_line.split()) in shown
+
+
+def test_defaults_read_as_the_user_types_them() -> None:
+    text = " ".join(subcommand("bench").format_help().split())
+    assert "(default: 2,4,8,16)" in text  # --concurrency
+    assert "(default: on)" in text  # --step-barrier
+    assert "(default: 8)" in " ".join(subcommand("demo").format_help().split())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
+        (["demo", "--tokens", "0"], "argument --tokens: must be >= 1, got 0"),
+        (["demo", "--cache-fraction", "0"], "argument --cache-fraction: must be in (0.0, 1.0], got 0.0"),
+        (["serve", "m", "--port", "80000"], "argument --port: must be in [0, 65535], got 80000"),
+        (["serve", "m", "--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
+        (["generate", "m", "--prompt", "x", "--device", "tpu"], "expected cpu, cuda or cuda:N"),
+        (["generate", "m", "--prompt-ids", "1,x"], "argument --prompt-ids: expected an integer, got 'x'"),
+        (["generate", "no/such/folder", "--prompt", "x"], "model folder 'no/such/folder' does not exist"),
+        (["bench", "--concurrency", "2,x"], "argument --concurrency: expected an integer, got 'x'"),
+        (["bench", "--policy", "fastest"], "unknown policy 'fastest'"),
+        (["bench", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
+        (["bench", "--step-barrier", "maybe"], "expected on, off or on,off"),
+        (
+            ["bench", "--policy", "runahead/grouping=static:2:2:2", "--concurrency", "4", "--steps", "1"],
+            "its static groups hold 6 requests, which does not divide concurrency 4",
+        ),
+        (["bench", "--trace", "no-such.npz"], "no-such.npz"),
+        (["bench", "paper"], "runahead bench paper needs --out DIR"),
+    ],
+)
+def test_a_bad_argument_gets_one_line_and_exit_code_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"runahead {argv[0]}: error: "), err
+    assert message in err
+
+
+def test_a_cuda_device_this_torch_lacks_is_refused_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit) as exit:
+        main(["generate", "no/such/folder", "--prompt", "x", "--device", "cuda"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda: this torch" in err and "use --device cpu" in err
+
+
+@pytest.mark.parametrize(
+    ("hidden", "argv", "extra"),
+    [("torch", ["demo"], "torch"), ("starlette", ["serve", "small"], "serve")],
+)
+def test_a_missing_optional_package_names_its_extra(hidden: str, argv: list[str], extra: str) -> None:
+    code = (
+        f"import sys; sys.modules[{hidden!r}] = None\n"  # makes 'import {hidden}' fail as if not installed
+        "from runahead.cli import main\n"
+        f"sys.exit(main({argv!r}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"runahead {argv[0]}: error: this needs the {hidden!r} package: pip install 'runahead[{extra}]' "
+        "(or 'runahead[all]')"
+    ]
+
+
+def test_an_unrelated_missing_module_is_not_blamed_on_an_extra() -> None:
+    assert missing_extra(ModuleNotFoundError("no", name="torchvision")) is None
+    assert "runahead[torch]" in (missing_extra(ModuleNotFoundError("no", name="transformers.models")) or "")
