@@ -9,6 +9,7 @@ through structlog (``--log-json`` for JSON).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = a.Parser(add_help=False)
     common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log threshold"
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log threshold",
     )
     parser = a.Parser(
         prog="runahead",
@@ -71,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=a.integer(0, 65535), default=8000, help="TCP port (0: any free port)")
     serve.add_argument("--model-name", help="the name clients ask for (default: the folder's name)")
     _add_engine_options(serve)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("RUNAHEAD_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every request but /health (default: $RUNAHEAD_API_KEY)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=a.integer(1),
+        default=8 << 20,
+        help="larger request bodies get 413 (default: 8 MiB)",
+    )
     gen = command("generate", help="generate with a real model (torch backend)")
     gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
@@ -266,27 +281,33 @@ def run_serve(args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
-    from runahead.server import serve
+    from runahead.server import EngineStopped, ServerConfig, serve
     from runahead.torchbench import resolve_model
 
     a.check_device(args.device)
-    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
-        asyncio.run(
-            serve(
-                resolve_model(args.model),
-                host=args.host,
-                port=args.port,
-                model_name=args.model_name,
-                log_json=args.log_json,
-                log_level=args.log_level,
-                backend=args.backend,
-                device=args.device,
-                dtype=args.dtype,
-                policy=args.policy,
-                cache_fraction=args.cache_fraction,
-                store=args.store,
+    config = ServerConfig(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
+            asyncio.run(
+                serve(
+                    resolve_model(args.model),
+                    host=args.host,
+                    port=args.port,
+                    model_name=args.model_name,
+                    log_json=args.log_json,
+                    log_level=args.log_level,
+                    config=config,
+                    backend=args.backend,
+                    device=args.device,
+                    dtype=args.dtype,
+                    policy=args.policy,
+                    cache_fraction=args.cache_fraction,
+                    store=args.store,
+                )
             )
-        )
+    except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
+        print(f"runahead: {stopped}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -316,6 +337,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.what == "paper":
         return run_paper_command(args)
     if args.backend == "torch":
+        if args.trace is not None:
+            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -450,6 +473,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command; the exit status (2 for a bad argument)."""
+    from runahead.extras import missing_extra
     from runahead.logs import configure_logging
 
     parser = build_parser()
@@ -460,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead {args.command}: error: {error}\n")
     except ModuleNotFoundError as error:
-        hint = a.missing_extra(error)
+        hint = missing_extra(error)
         if hint is None:
             raise
         parser.exit(1, f"runahead {args.command}: error: {hint}\n")

@@ -33,7 +33,7 @@ from typing import Any
 from runahead.health import RequestFailed
 from runahead.jobs import RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
-from runahead.sampling import SamplingParams
+from runahead.sampling import SamplingParams, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,8 @@ class Chunk:
     text: str
     index: int
     finish_reason: str | None = None  # "stop", "length" or "cancelled" on the last chunk
+    logprob: TokenLogprob | None = None  # with SamplingParams.logprobs
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with SamplingParams.prompt_logprobs, first chunk only
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +99,11 @@ class Engine:
         """
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
-        from runahead.backends.torch import TorchBackend
-        from runahead.models.loader import load_tokenizer
+        from runahead.extras import needs_extras
+
+        with needs_extras():
+            from runahead.backends.torch import TorchBackend
+            from runahead.models.loader import load_tokenizer
 
         torch_backend = TorchBackend.open(
             model,
@@ -171,7 +176,7 @@ class Engine:
         if self.failure is not None:
             return {**self.runtime.health.report(0.0), "status": "failed", "reason": repr(self.failure)}
         if not self._running:
-            return {"status": "failed", "reason": "the engine is closed"}
+            return {**self.runtime.health.report(0.0), "status": "failed", "reason": "the engine is closed"}
         return self.runtime.health_report()
 
     async def close(self) -> None:
@@ -222,6 +227,12 @@ class Engine:
             return ""
         return str(self.tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
+    def token_text(self, token: int) -> str:
+        """One token as text, special tokens included (``token_id:N`` without a tokenizer)."""
+        if self.tokenizer is None:
+            return f"token_id:{token}"
+        return str(self.tokenizer.decode([token]))
+
     def _check(self, ids: list[int], params: SamplingParams) -> None:
         if len(ids) + params.max_tokens > self.context_length:
             raise ValueError(
@@ -251,14 +262,15 @@ class Engine:
         tokens: list[int] = []
         shown = ""
         try:
-            async for token in handle.stream():
+            async for token, scored in handle.steps():
                 tokens.append(token)
                 text = self.decode(tokens)
                 new = text[len(shown) :] if not text.endswith("\ufffd") else ""
                 shown += new
                 last = len(tokens) == params.max_tokens or token in params.stop_token_ids
                 reason = ("stop" if token in params.stop_token_ids else "length") if last else None
-                yield Chunk(token, new, len(tokens) - 1, reason)
+                logprob, scored_prompt = (scored.token, scored.prompt) if scored is not None else (None, ())
+                yield Chunk(token, new, len(tokens) - 1, reason, logprob, scored_prompt)
         finally:
             handle.cancel()  # no-op once it finished
 

@@ -17,7 +17,9 @@ from runahead.models.base import KVCache, MoEModel
 from runahead.models.layout import ExpertLayout
 from runahead.models.loader import load_reference_slot
 
-ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe")
+ARCHS = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_5_moe", "gemma4", "gpt_oss")
+PAPER_ARCHS = ("qwen3_5_moe", "gemma4", "gpt_oss")
+"""The paper's models and gpt-oss: architectures whose constant-initialised weights get randomised."""
 
 HIDDEN = 64
 EXPERT_WIDTH = 24  # 2 * I != H, so a transposed stacked tensor cannot pass for the right one
@@ -71,13 +73,54 @@ _ARCH_CONFIG: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": EXPERT_WIDTH,
         "shared_expert_intermediate_size": 40,
     },
+    "gemma4": {  # sliding layers: 2 KV heads of 12; global layers: 1 KV head of 24 (K = V), 3 of 4 slide
+        "hidden_size": 48,
+        "head_dim": 12,
+        "global_head_dim": 24,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "num_hidden_layers": 4,
+        "sliding_window": 5,
+        "intermediate_size": 40,
+        "enable_moe_block": True,
+        "num_experts": EXPERTS,
+        "top_k_experts": 2,
+        "moe_intermediate_size": EXPERT_WIDTH,
+        "hidden_size_per_layer_input": 0,
+        "final_logit_softcapping": 30.0,
+        "pad_token_id": 0,
+    },
+    "gpt_oss": {  # 6 heads of 8 over 2 KV heads, 6 experts, YaRN RoPE (the default), a clamp that bites
+        "hidden_size": 40,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "num_local_experts": 6,
+        "intermediate_size": EXPERT_WIDTH,
+        "sliding_window": 4,
+        "swiglu_limit": 0.8,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 64,
+            "truncate": False,
+        },
+    },
 }
 
-HF_MODEL_TYPE = {"qwen3_5_moe": "qwen3_5_moe_text"}
+HF_MODEL_TYPE = {"qwen3_5_moe": "qwen3_5_moe_text", "gemma4": "gemma4_text"}
 """The ``model_type`` transformers builds the text-only model under, where it differs from ours."""
 
 ROUTER_SCALE = 8.0
 """How much the router weights are scaled up: random routers are nearly uniform otherwise."""
+
+PERTURBED = ("norm", "layer_scalar", "router.scale", "per_expert_scale", "dt_bias", "A_log", "bias", "sinks")
+"""Parameters transformers initialises to constants (norms at 1 or 0, scales at 1); the paper's
+architectures get them randomised, so a weight read wrongly (or not at all) changes the output."""
 
 
 def _hf_config(arch: str, **overrides: Any) -> Any:
@@ -111,8 +154,15 @@ def build_tiny_model(
     model = AutoModelForCausalLM.from_config(_hf_config(arch, **overrides), dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+            if name.endswith(
+                ("mlp.gate.weight", "block_sparse_moe.gate.weight", "router.proj.weight", "router.weight")
+            ):
                 param.mul_(ROUTER_SCALE)
+            elif arch in PAPER_ARCHS and any(part in name for part in PERTURBED):
+                param.add_(torch.rand_like(param) * 0.6 - 0.3)
+        for name, buffer in model.named_buffers():
+            if arch in PAPER_ARCHS and name.endswith("layer_scalar"):
+                buffer.uniform_(0.7, 1.3)
     model = model.to(dtype)
     kwargs: dict[str, Any] = {"max_shard_size": "60KB"} if sharded else {}
     if stacked:
@@ -173,3 +223,111 @@ def run_jobs(
     logits = model.logits(hidden)
     sizes = [len(tokens) for _, tokens in requests]
     return list(torch.split(logits, sizes))
+
+
+EXACTNESS_PROMPTS = [[5, 17, 42, 9], [3, 99, 7], [120, 4, 4, 66, 8, 31], [200], [11, 12, 13], [77, 78]]
+"""Prompts :func:`compare_with_transformers` runs (token ids of the tiny models' vocabulary)."""
+
+
+def transformers_logits(model: Any, tokens: Sequence[int]) -> torch.Tensor:
+    """A loaded ``transformers`` model's float32 logits ``[len(tokens), vocab]`` for one sequence."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return model(torch.tensor([list(tokens)], device=device)).logits[0].float().cpu()
+
+
+def compare_with_transformers(
+    path: str | Path,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    policy: str = "runahead",
+    requests: int = 4,
+    tokens: int = 16,
+    slots: int = 8,
+    store: str = "disk",
+    chunk: int = 256,
+) -> dict[str, Any]:
+    """Run ``requests`` prompts at once through the runtime on ``device`` in ``dtype`` (``slots``
+    cache slots, so experts are evicted and refetched) and ``transformers`` on the same device.
+
+    Returns ``tokens_equal`` (every request's greedy tokens equal ``transformers``' ``generate`` in
+    the same dtype), ``first_divergence`` (the earliest generated position where they differ, or
+    None), ``logit_error`` (max |ours - transformers float32| over the generated steps, teacher-forced
+    on our own tokens) and ``reference_error`` (the same for ``transformers`` in ``dtype``: how far
+    that dtype alone moves the logits). In float32 ``reference_error`` is 0. ``logit_mean_error`` and
+    ``reference_mean_error`` are the same as mean absolute differences (steadier than the max).
+    """
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from runahead.backends.torch import TorchBackend
+    from runahead.jobs import RequestSpec
+    from runahead.runtime import Runtime, RuntimeConfig
+    from runahead.sampling import SamplingParams
+
+    prompts = EXACTNESS_PROMPTS[:requests]
+    backend = TorchBackend.open(
+        str(path),
+        cache_slots=slots,
+        device=device,
+        store=store,
+        dtype=dtype,
+        keep_logits=True,  # type: ignore[arg-type]
+    )
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=slots, policy=policy, prefill_chunk=chunk))
+    specs = [
+        RequestSpec(i, tokens, prompt=tuple(p), sampling=SamplingParams(max_tokens=tokens))
+        for i, p in enumerate(prompts)
+    ]
+    logits: dict[int, torch.Tensor] = {}
+    close = backend.close_request
+
+    def keep(request: int) -> None:
+        if request in backend._requests:
+            logits[request] = torch.stack(backend.logits_of(request)).float().cpu()
+        close(request)
+
+    backend.close_request = keep  # type: ignore[method-assign]
+    try:
+        ours = asyncio.run(runtime.run(specs))
+    finally:
+        backend.close()
+
+    def load(kind: torch.dtype) -> Any:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=kind, attn_implementation="eager")
+        return model.to(device).eval()
+
+    same, exact = load(dtype), load(torch.float32)
+    divergence: int | None = None
+    logit_error = reference_error = 0.0
+    ours_diffs, reference_diffs = [], []
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            mask = torch.ones_like(ids)
+            out = same.generate(
+                ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+            )
+        theirs = out[0, len(prompt) :].tolist()
+        differ = [t for t, (a, b) in enumerate(zip(ours[i], theirs, strict=True)) if a != b]
+        if differ and (divergence is None or differ[0] < divergence):
+            divergence = differ[0]
+        sequence = list(prompt) + ours[i]
+        window = slice(len(prompt) - 1, len(sequence) - 1)
+        truth = transformers_logits(exact, sequence)[window]
+        ours_diffs.append((logits[i] - truth).abs().flatten())
+        reference_diffs.append((transformers_logits(same, sequence)[window] - truth).abs().flatten())
+        logit_error = max(logit_error, ours_diffs[-1].max().item())
+        reference_error = max(reference_error, reference_diffs[-1].max().item())
+    return {
+        "tokens_equal": divergence is None,
+        "first_divergence": divergence,
+        "logit_error": logit_error,
+        "reference_error": reference_error,
+        "logit_mean_error": torch.cat(ours_diffs).mean().item(),
+        "reference_mean_error": torch.cat(reference_diffs).mean().item(),
+        "requests": len(prompts),
+        "tokens": tokens,
+    }

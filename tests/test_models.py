@@ -80,7 +80,7 @@ def test_routing_varies_so_the_comparison_means_something(arch: str, folders: di
     ids, weights = model.route(0, hidden)
     assert ids.shape == weights.shape == (len(PROMPT), 2)
     assert len(torch.unique(ids)) >= EXPERTS // 2
-    if model.config.norm_topk_prob:
+    if model.config.norm_topk_prob and arch != "gemma4":  # gemma4 scales the renormalised weights per expert
         assert torch.allclose(weights.sum(-1), torch.ones(len(PROMPT)))
 
 
@@ -111,8 +111,11 @@ def test_two_requests_in_one_batch_match_separate_runs(arch: str, folders: dict[
     batch_a, batch_b = model.new_cache(), model.new_cache()
     run_jobs(model, layout, [(batch_a, first), (batch_b, second)])
     got_a, got_b = run_jobs(model, layout, [(batch_a, [PROMPT[8]]), (batch_b, PROMPT[8:])])
-    torch.testing.assert_close(got_a, expected_a, atol=1e-5, rtol=0)
-    torch.testing.assert_close(got_b, expected_b, atol=1e-5, rtol=0)
+    # Batched products round differently; the delta rule's recurrence carries that noise further
+    # (~3e-5 on logits of size ~3). A request reading another's state would be off by far more.
+    atol = 1e-4 if arch == "qwen3_5_moe" else 1e-5
+    torch.testing.assert_close(got_a, expected_a, atol=atol, rtol=0)
+    torch.testing.assert_close(got_b, expected_b, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
@@ -195,7 +198,10 @@ def test_unsupported_model_type_names_the_supported_ones(tmp_path: Path, folders
     path = _copy(folders["qwen3_moe"], tmp_path / "m")
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
-    with pytest.raises(ModelLoadError, match=r"unsupported model_type 'llama'; supported: mixtral, olmoe"):
+    supported = ", ".join(sorted(ARCHITECTURES))
+    with pytest.raises(
+        ModelLoadError, match=re.escape(f"unsupported model_type 'llama'; supported: {supported}")
+    ):
         load_model(path)
 
 

@@ -25,11 +25,10 @@ from runahead.models.state import KVLayer, RecurrentLayer, RequestState
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
-from modelhelpers import build_tiny_model, reference_logits, run_jobs
+from modelhelpers import PAPER_ARCHS, build_tiny_model, reference_logits, run_jobs
 
 PROMPTS = [[5, 17, 42, 9, 8, 7, 6], [3, 99, 7], [120, 4, 4, 66, 8, 31], [200]]
 TOKENS = 12
-PAPER_ARCHS = ["qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module", params=PAPER_ARCHS)
@@ -101,13 +100,14 @@ def test_cancelled_request_frees_its_state_and_the_others_are_unchanged(
     assert not backend._requests
     gc.collect()
     assert all(ref() is None for ref in states.values())  # nothing holds a request's state any more
-    if "qwen3_5_moe" in folder.name:
-        assert kinds[1] == {RecurrentLayer, KVLayer}
+    assert kinds[1] == ({RecurrentLayer, KVLayer} if "qwen3_5_moe" in folder.name else {KVLayer})
     assert runtime.cache.is_idle()
 
 
 def test_recurrent_state_is_fixed_size_and_kv_grows(folder: Path) -> None:
     model, layout = load_model(folder)
+    if "linear_attention" not in model.config.layer_types:
+        pytest.skip("no linear-attention layers in this architecture")
     state = model.new_cache(capacity=4)
     run_jobs(model, layout, [(state, PROMPTS[0])])
     first = [layer.recurrent.clone() for layer in state.layers if isinstance(layer, RecurrentLayer)]
@@ -142,8 +142,23 @@ def _hub_spelling(folder: Path, out: Path, arch: str) -> Path:
             text["layer_types"] = kinds  # not a regular pattern: keep the list
         else:
             text["full_attention_interval"] = interval
+    if arch == "gemma4":  # the hub's keys for the global layers' heads instead of per_layer_config
+        (override, *_) = text.pop("per_layer_config").values()
+        text["global_head_dim"] = override["head_dim"]
+        text["num_global_key_value_heads"] = override["num_key_value_heads"]
+        text["hidden_act"] = "gelu_pytorch_tanh"
+    if arch == "gpt_oss":  # no wrapper on the hub, but the older keys
+        text["rope_scaling"] = text.pop("rope_parameters")
+        text["experts_per_token"] = text.pop("num_experts_per_tok")
+        (out / "config.json").write_text(
+            json.dumps({**text, "tie_word_embeddings": config["tie_word_embeddings"]})
+        )
+        (out / "model.safetensors").symlink_to(folder / "model.safetensors")
+        return out
     wrapper = {
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "architectures": [
+            {"qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}.get(arch, "Gemma4ForConditionalGeneration")
+        ],
         "model_type": arch,
         "tie_word_embeddings": config["tie_word_embeddings"],
         "text_config": text,
@@ -209,3 +224,55 @@ def test_sliding_window_keeps_only_what_later_queries_see(tmp_path: Path) -> Non
     for layer in state.layers:
         assert isinstance(layer, KVLayer) and layer.length == 30
         assert layer.stored <= 2 * 6 and layer.first >= 30 - 2 * 6  # bounded by the window, not the length
+
+
+def _rewrite(folder: Path, out: Path, change: Any) -> Path:
+    """A copy of ``folder`` whose tensors ``change(tensors)`` edits in place."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(out / "model.safetensors")
+    change(tensors)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_mxfp4_experts_are_refused_naming_the_tensor(tmp_path: Path) -> None:
+    from runahead.models.base import ModelLoadError
+
+    folder = build_tiny_model("gpt_oss", tmp_path / "m")
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+
+    def quantize(tensors: dict[str, torch.Tensor]) -> None:  # the hub's layout: 16 bytes per 32 weights
+        experts, hidden, width = tensors.pop(name).shape
+        tensors[name + "_blocks"] = torch.zeros(experts, width, hidden // 32 + 1, 16, dtype=torch.uint8)
+        tensors[name + "_scales"] = torch.zeros(experts, width, hidden // 32 + 1, dtype=torch.uint8)
+
+    path = _rewrite(folder, tmp_path / "mxfp4", quantize)
+    with pytest.raises(
+        ModelLoadError, match=f"tensor {name}_blocks: MXFP4-quantized experts are not supported"
+    ):
+        load_model(path)
+
+
+@pytest.mark.parametrize(
+    ("arch", "name"),
+    [
+        ("gpt_oss", "model.layers.2.mlp.experts.down_proj_bias"),
+        ("gemma4", "model.layers.1.experts.gate_up_proj"),
+        ("qwen3_5_moe", "model.layers.2.linear_attn.conv1d.weight"),
+    ],
+)
+def test_wrong_shaped_tensor_is_named(arch: str, name: str, tmp_path: Path) -> None:
+    from runahead.models.base import ModelLoadError
+
+    folder = build_tiny_model(arch, tmp_path / "m")
+
+    def shrink(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[name] = tensors[name][..., :-1].clone()
+
+    path = _rewrite(folder, tmp_path / "bad", shrink)
+    with pytest.raises(ModelLoadError, match=f"tensor {name}: expected shape"):
+        load_model(path)

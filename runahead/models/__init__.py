@@ -20,6 +20,9 @@ ARCHITECTURES: dict[str, str] = {
     "qwen2_moe": "runahead.models.qwen2_moe:Qwen2MoeModel",
     "qwen3_5_moe": "runahead.models.qwen3_5_moe:Qwen3_5MoeModel",
     "qwen3_5_moe_text": "runahead.models.qwen3_5_moe:Qwen3_5MoeModel",
+    "gemma4": "runahead.models.gemma4:Gemma4Model",
+    "gemma4_text": "runahead.models.gemma4:Gemma4Model",
+    "gpt_oss": "runahead.models.gpt_oss:GptOssModel",
 }
 """``model_type`` -> ``"module:class"`` of its :class:`~runahead.models.base.MoEModel` subclass."""
 

@@ -248,6 +248,7 @@ class MoEModel:
         dims = torch.arange(0, rotary, 2, dtype=torch.float32, device=self.device)
         inv_freq = 1.0 / (config.rope_theta ** (dims / rotary))
         self.inv_freq = inv_freq / config.rope_scaling_factor
+        self.rope_attention_factor = 1.0
 
     # --- what an architecture supplies -------------------------------------------------------
 
@@ -295,6 +296,16 @@ class MoEModel:
         """Checkpoint names of a layer's stacked ``(gate_up [E, 2I, H], down [E, H, I])`` tensors."""
         p = f"model.layers.{layer}.mlp.experts."
         return (p + "gate_up_proj", p + "down_proj")
+
+    @classmethod
+    def stacked_expert_tensors(cls, layer: int) -> tuple[tuple[str, str], ...]:
+        """A layer's stacked expert tensors as ``(checkpoint name, slot role)``, ``E`` experts first.
+
+        Role shapes are :func:`runahead.models.layout.role_shape`'s; expert ``e`` is the ``e``-th
+        contiguous slice of each tensor.
+        """
+        gate_up, down = cls.stacked_expert_names(layer)
+        return ((gate_up, "gate_up"), (down, "down"))
 
     @classmethod
     def weight_shapes(cls, config: MoEConfig) -> dict[str, tuple[int, ...]]:
@@ -412,7 +423,8 @@ class MoEModel:
         """Causal (windowed, if the layer slides) attention of each run over its own KV, then the output."""
         q, k, v = self.project_qkv(layer, x)
         positions = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in segments])
-        q, k = self._rope(q, positions), self._rope(k, positions)
+        inv_freq, factor = self.rope_frequencies(layer), self.rope_attention_factor
+        q, k = apply_rope(q, positions, inv_freq, factor), apply_rope(k, positions, inv_freq, factor)
         window = self.config.window(layer)
         outputs, row = [], 0
         for state, start, n in segments:
@@ -486,22 +498,33 @@ class MoEModel:
         model's device; a backend that holds the routing on the host passes it so the MoE needs no
         device-to-host read (``ids`` is then not read). Without it the rows are found from ``ids``.
         """
-        c = self.config
-        x = self.norm(hidden, f"{layer}.post_norm")
+        x = self.expert_input(layer, hidden)
         if out is None:
             out = torch.zeros_like(x)
         if routing is None:
             routing = rows_per_expert(ids, experts)
-        block = c.intermediate_size * c.hidden_size
         for expert in sorted(routing):
-            slot = experts[expert].to(x.dtype)
-            gate = slot[:block].view(c.intermediate_size, c.hidden_size)
-            up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
-            down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
             rows, kpos = routing[expert]
-            y = _swiglu(x[rows], gate, up, down) * weights[rows, kpos, None]
+            y = self.run_expert(experts[expert].to(x.dtype), x[rows]) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
         return out
+
+    def run_expert(self, slot: Tensor, x: Tensor) -> Tensor:
+        """One routed expert held in cache slot ``slot`` (the format of :mod:`.layout`) on rows ``x``."""
+        c = self.config
+        block = c.intermediate_size * c.hidden_size
+        gate = slot[:block].view(c.intermediate_size, c.hidden_size)
+        up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
+        down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
+        return self.expert(x, gate, up, down)
+
+    def expert_input(self, layer: int, hidden: Tensor) -> Tensor:
+        """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""
+        return self.norm(hidden, f"{layer}.post_norm")
+
+    def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+        """One expert (or dense MLP) on rows ``x``: ``down(act(gate(x)) * up(x))``, SiLU unless overridden."""
+        return _swiglu(x, gate, up, down)
 
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
@@ -517,16 +540,24 @@ class MoEModel:
         x = self.norm(hidden, "norm")
         return F.linear(x, self.weights["lm_head"])
 
-    def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotary embedding of ``x [T, heads, head_dim]``; only the first ``rotary_dim`` dims rotate."""
-        freqs = positions[:, None].float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
-        rotary = emb.shape[-1]
-        if rotary == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
-        turned, kept = x[..., :rotary], x[..., rotary:]
-        return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
+    def rope_frequencies(self, layer: int) -> Tensor:
+        """RoPE inverse frequencies of ``layer`` (one per rotated pair of dims; zeros leave a pair as is)."""
+        return self.inv_freq
+
+
+def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor, factor: float = 1.0) -> Tensor:
+    """Rotary embedding of ``x [T, heads, head_dim]``; only the first ``2 * len(inv_freq)`` dims rotate.
+
+    ``factor`` scales cos and sin (YaRN's attention factor; 1 otherwise).
+    """
+    freqs = positions[:, None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = (emb.cos() * factor).to(x.dtype)[:, None, :], (emb.sin() * factor).to(x.dtype)[:, None, :]
+    rotary = emb.shape[-1]
+    if rotary == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    turned, kept = x[..., :rotary], x[..., rotary:]
+    return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
 
 
 def _mask(

@@ -27,7 +27,7 @@ import torch
 
 from runahead.models import get_architecture
 from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
-from runahead.models.layout import ExpertLayout, TensorRange
+from runahead.models.layout import ExpertLayout, TensorRange, role_shape
 
 __all__ = ["ModelLoadError", "load_model", "load_reference_slot", "load_tokenizer", "read_config"]
 
@@ -172,13 +172,21 @@ def expert_layout(arch: type[MoEModel], config: MoEConfig, infos: Mapping[str, T
     """Byte ranges of every routed expert, from per-expert or stacked tensors (detected per layer)."""
     h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
+    biases = False
     for layer in range(config.num_layers):
-        gate_up_name, down_name = arch.stacked_expert_names(layer)
-        if gate_up_name in infos:
-            _, gate_up = _find(infos, (gate_up_name,), (n, 2 * i, h))
-            _, down = _find(infos, (down_name,), (n, h, i))
+        stacked = arch.stacked_expert_tensors(layer)
+        first = stacked[0][0]
+        if first + "_blocks" in infos:
+            raise ModelLoadError(
+                f"tensor {first}_blocks: MXFP4-quantized experts are not supported yet (quantized "
+                "experts are future work); dequantize them to bf16 first (transformers: "
+                "Mxfp4Config(dequantize=True), then save_pretrained)"
+            )
+        if first in infos:
+            found = [(_find(infos, (name,), (n, *role_shape(role, h, i)))[1], role) for name, role in stacked]
             for e in range(n):
-                ranges[layer, e] = (_slice(gate_up, e, "gate_up"), _slice(down, e, "down"))
+                ranges[layer, e] = tuple(_slice(info, e, role) for info, role in found)
+            biases = any(role.endswith("_bias") for _, role in stacked)
             continue
         for e in range(n):
             names = arch.expert_names(layer, e)
@@ -187,7 +195,7 @@ def expert_layout(arch: type[MoEModel], config: MoEConfig, infos: Mapping[str, T
                 _range(_find(infos, (name,), shape)[1], role)
                 for name, shape, role in zip(names, shapes, ("gate", "up", "down"), strict=True)
             )
-    return ExpertLayout(config.num_layers, n, h, i, ranges)
+    return ExpertLayout(config.num_layers, n, h, i, ranges, biases)
 
 
 def _range(info: TensorInfo, role: str) -> TensorRange:

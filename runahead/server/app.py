@@ -22,12 +22,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from runahead.server import protocol
+from runahead.server.access import APIKeyCheck, read_body
+from runahead.server.config import ServerConfig
 from runahead.server.errors import APIError
-from runahead.server.generation import ChatShape, CompletionShape, ResponseShape, Tally, collect, sse_events
+from runahead.server.generation import Tally, collect_all, sse_events
 from runahead.server.logs import CLIENT_CLOSED, AccessLog
 from runahead.server.metrics import CONTENT_TYPE, ServerMetrics
 from runahead.server.openapi import openapi_document
 from runahead.server.responses import Health, ModelCard, ModelList
+from runahead.server.shapes import ChatShape, CompletionShape, ResponseShape
 
 if TYPE_CHECKING:
     from runahead.engine import Engine
@@ -57,43 +60,47 @@ class EventStream(StreamingResponse):
 class OpenAIRoutes:
     """The request handlers, bound to one engine and the one model name it serves."""
 
-    def __init__(self, engine: Engine, model_name: str) -> None:
+    def __init__(self, engine: Engine, model_name: str, config: ServerConfig) -> None:
         self.engine = engine
         self.model_name = model_name
+        self.config = config
         eos = getattr(engine.tokenizer, "eos_token_id", None)
         self.eos = frozenset([eos] if isinstance(eos, int) else [])
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse(Health(status="ok").dump())
+        """200 while the engine serves (``ok`` or ``degraded``), 503 once it has stopped."""
+        report = Health.model_validate(self.engine.health())
+        return JSONResponse(report.dump(), status_code=503 if report.status == "failed" else 200)
 
     async def models(self, request: Request) -> Response:
         model = ModelCard(id=self.model_name, object="model", created=0, owned_by="runahead")
         return JSONResponse(ModelList(object="list", data=[model]).dump())
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, protocol.completion_request, CompletionShape(self.model_name))
+        return await self._generate(request, protocol.completion_request, CompletionShape)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, protocol.chat_request, ChatShape(self.model_name))
+        return await self._generate(request, protocol.chat_request, ChatShape)
 
-    async def _generate(self, request: Request, parse: Parser, shape: ResponseShape) -> Response:
-        data = protocol.parse_body(await request.body())
+    async def _generate(self, request: Request, parse: Parser, kind: type[ResponseShape]) -> Response:
+        data = protocol.parse_body(await read_body(request, self.config.max_body_bytes))
         protocol.check_model(data, self.model_name)
         job = parse(data, self.engine, self.eos)
-        tally = Tally(prompt_tokens=len(job.prompt_ids))
+        shape = kind(self.model_name, logprobs=job.logprobs is not None)
+        tally = Tally(prompt_tokens=job.prompt_tokens)
         request.state.tally = tally
         if job.stream:
             return EventStream(sse_events(self.engine, job, shape, tally))
         try:
-            done = await until_disconnected(request, collect(self.engine, job, tally))
+            done = await until_disconnected(request, collect_all(self.engine, job, tally))
         except ValueError as error:  # the engine's own checks, should ours miss one
             raise APIError(str(error)) from None
-        except RuntimeError as error:  # a closed or failed engine
-            raise APIError(str(error), status=503, kind="server_error") from None
+        except RuntimeError as error:  # a failed read or compute (500), or a closed or failed engine (503)
+            status = 500 if self.engine.running else 503
+            raise APIError(str(error), status=status, kind="server_error") from None
         if done is None:
             return Response(status_code=CLIENT_CLOSED)
-        text, finish_reason = done
-        return JSONResponse(shape.response(text, finish_reason, tally))
+        return JSONResponse(shape.response(done, tally))
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
@@ -130,12 +137,15 @@ async def _server_error(request: Request, error: Exception) -> Response:
     return APIError(f"internal error: {error!r}", status=500, kind="server_error").response()
 
 
-def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -> Starlette:
-    """The ASGI app serving ``engine`` as ``model_name``; ``close_engine`` closes it on shutdown."""
-    api = OpenAIRoutes(engine, model_name)
+def create_app(
+    engine: Engine, model_name: str, *, close_engine: bool = False, config: ServerConfig | None = None
+) -> Starlette:
+    """The ASGI app serving ``engine`` as ``model_name``; ``close_engine`` closes it on shutdown;
+    ``config`` says what the server enforces (API key, body size, time limit)."""
+    config = config or ServerConfig()
+    api = OpenAIRoutes(engine, model_name, config)
     metrics = ServerMetrics(engine)
-
-    document = openapi_document(model_name)
+    document = openapi_document(model_name, api_key=config.api_key is not None)
 
     async def metrics_text(request: Request) -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
@@ -161,9 +171,12 @@ def create_app(engine: Engine, model_name: str, *, close_engine: bool = False) -
                 await engine.close()
                 log.info("engine closed")
 
+    middleware = [Middleware(AccessLog, metrics=metrics, endpoints=[r.path for r in routes])]
+    if config.api_key is not None:
+        middleware.append(Middleware(APIKeyCheck, api_key=config.api_key))
     return Starlette(
         routes=routes,
-        middleware=[Middleware(AccessLog, metrics=metrics, endpoints=[r.path for r in routes])],
+        middleware=middleware,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )

@@ -88,7 +88,13 @@ def openapi_document(model_name: str, *, api_key: bool = False) -> dict[str, Any
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
     paths = {
         "/health": {
-            "get": {"summary": "Liveness", "responses": {"200": _json(responses.Health, "Serving.")}}
+            "get": {
+                "summary": "Health: ok, degraded (with the reason) or failed",
+                "responses": {
+                    "200": _json(responses.Health, "Serving (ok or degraded)."),
+                    "503": _json(responses.Health, "The engine stopped."),
+                },
+            }
         },
         "/v1/models": {
             "get": {

@@ -141,4 +141,13 @@ class ModelList(Out):
 
 
 class Health(Out):
-    status: Literal["ok"] = Field(description="The engine runs and takes requests.")
+    status: Literal["ok", "degraded", "failed"] = Field(
+        description="ok: the engine serves; degraded: it serves, but expert reads or computes are "
+        "failing now (reason says which, only the requests needing them fail); failed: it stopped."
+    )
+    reason: str | None = Field(default=None, description="Why it is not ok.")
+    failing_experts: int | None = Field(default=None, description="Experts whose last read failed.")
+    reads_failed: int = Field(description="Expert reads given up after their retries, since start.")
+    reads_retried: int
+    groups_failed: int
+    requests_failed: int

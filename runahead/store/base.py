@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from runahead.models.layout import ExpertLayout, TensorRange
+from runahead.models.layout import ROLE_SETS, ExpertLayout, TensorRange, role_shape
 
 DTYPES: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 """Safetensors dtype names the stores read, and their torch dtypes."""
@@ -110,18 +110,9 @@ class ExpertStore(Protocol):
 # Layout validation and read plans
 
 
-def _expected_shape(role: str, hidden: int, inter: int) -> tuple[int, int]:
-    return {
-        "gate": (inter, hidden),
-        "up": (inter, hidden),
-        "down": (hidden, inter),
-        "gate_up": (2 * inter, hidden),
-    }[role]
-
-
-def _strip_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
+def _strip_leading_ones(shape: Sequence[int], keep: int) -> tuple[int, ...]:
     dims = tuple(shape)
-    while len(dims) > 2 and dims[0] == 1:
+    while len(dims) > keep and dims[0] == 1:
         dims = dims[1:]
     return dims
 
@@ -141,19 +132,19 @@ def validate_layout(layout: ExpertLayout, check_files: bool = True) -> None:
     hidden, inter = layout.hidden_size, layout.intermediate_size
     sizes: dict[str, int] = {}
     for (layer, expert), ranges in layout.ranges.items():
-        roles = sorted(r.role for r in ranges)
-        if roles not in (["down", "gate", "up"], ["down", "gate_up"]):
+        roles = tuple(sorted(r.role for r in ranges))
+        if roles not in ROLE_SETS:
             raise StoreError(
-                f"expert ({layer}, {expert}): ranges have roles {roles}; "
-                "expected gate+up+down or gate_up+down"
+                f"expert ({layer}, {expert}): ranges have roles {list(roles)}; expected one of "
+                + ", ".join("+".join(s) for s in ROLE_SETS)
             )
         for r in ranges:
             if r.dtype not in DTYPES:
                 raise StoreError(
                     f"{_where(r)}: unsupported dtype {r.dtype!r}; expected one of {sorted(DTYPES)}"
                 )
-            want = _expected_shape(r.role, hidden, inter)
-            found = _strip_leading_ones(r.shape)
+            want = role_shape(r.role, hidden, inter)
+            found = _strip_leading_ones(r.shape, len(want))
             if found != want:
                 raise StoreError(
                     f"{_where(r)}: expected shape {list(want)} for H={hidden}, I={inter}, "
