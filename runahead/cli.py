@@ -278,9 +278,9 @@ def _eos_token(model: str) -> int | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import asyncio
     import contextlib
 
+    from runahead import loops
     from runahead.server import EngineStopped, ServerConfig, serve
     from runahead.torchbench import resolve_model
 
@@ -288,7 +288,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
     try:
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
-            asyncio.run(
+            loops.run(
                 serve(
                     resolve_model(args.model),
                     host=args.host,
