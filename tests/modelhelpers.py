@@ -186,6 +186,32 @@ def save_tiny_tokenizer(path: str | Path) -> None:
     fast.save_pretrained(str(path))
 
 
+def reference_greedy(
+    path: str | Path, prompts: Sequence[Sequence[int]], tokens: int, *, eos: int | None = None
+) -> list[list[int]]:
+    """``transformers``' own greedy continuation of each prompt: ``tokens`` new tokens (float32).
+
+    With ``eos`` a continuation stops after that token (as a server stopping at end-of-sequence
+    does); without, it runs the full length (as the runtime does without stop tokens).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    stop: dict[str, Any] = {"eos_token_id": eos} if eos is not None else {"min_new_tokens": tokens}
+    continuations = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)])
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, **stop
+            )
+            continuation = out[0, len(prompt) :].tolist()
+            if eos is not None and eos in continuation:
+                continuation = continuation[: continuation.index(eos) + 1]
+            continuations.append(continuation)
+    return continuations
+
+
 def reference_logits(path: str | Path, tokens: Sequence[int]) -> torch.Tensor:
     """``transformers``' own float32 logits ``[len(tokens), vocab]`` for ``tokens`` as one sequence."""
     from transformers import AutoModelForCausalLM

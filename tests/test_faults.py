@@ -24,7 +24,7 @@ from runahead.health import RequestFailed
 from runahead.jobs import ExpertKey
 from runahead.sampling import SamplingParams
 
-from modelhelpers import build_tiny_model
+from modelhelpers import build_tiny_model, reference_greedy
 
 PROMPTS = [[5, 17, 42], [9, 3, 11, 80], [100, 2, 7, 7], [33, 34], [61, 62, 63], [120, 4]]
 TOKENS = 8
@@ -38,25 +38,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int
     path = build_tiny_model("qwen3_moe", tmp_path_factory.mktemp("faults"), num_experts=EXPERTS)
     from transformers import AutoModelForCausalLM
 
+    tokens = reference_greedy(path, PROMPTS, TOKENS)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    tokens, used = [], []
+    top_k = reference.config.num_experts_per_tok
+    used = []
     with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=TOKENS,
-                min_new_tokens=TOKENS,
-                do_sample=False,
-            )
-            tokens.append(out[0, len(prompt) :].tolist())
-            routed = reference(out[:, :-1], output_router_logits=True).router_logits
-            top_k = reference.config.num_experts_per_tok
+        for prompt, continuation in zip(PROMPTS, tokens, strict=True):
+            routed = reference(torch.tensor([prompt + continuation[:-1]]), output_router_logits=True)
             used.append(
                 {
                     ExpertKey(layer, int(e))
-                    for layer, logits in enumerate(routed)
+                    for layer, logits in enumerate(routed.router_logits)
                     for e in logits.topk(top_k, dim=-1).indices.flatten()
                 }
             )
