@@ -178,3 +178,26 @@ def test_a_model_file_replaced_under_the_engine_is_not_read(model, tmp_path: Pat
             return [(await engine.complete(p, PARAMS)).token_ids for p in PROMPTS[:3]]
 
     assert asyncio.run(main()) == expected[:3]
+
+
+def test_closing_the_store_under_running_streams_ends_them_with_a_clear_error(model) -> None:  # type: ignore[no-untyped-def]
+    """The store closed while reads are in flight (a bug in an embedding app, say): the reads in
+    flight finish, later ones are refused, and every stream ends with an error saying so."""
+    path, _, _ = model
+
+    async def main() -> list[BaseException | None]:
+        async with await Engine.open(str(path), cache_fraction=0.25) as engine:
+            started = asyncio.Event()
+
+            async def consume(prompt: list[int]) -> None:
+                async for _ in engine.generate(prompt, SamplingParams(max_tokens=200)):
+                    started.set()
+
+            tasks = [asyncio.create_task(consume(p)) for p in PROMPTS[:4]]
+            await started.wait()
+            await asyncio.to_thread(engine.runtime.backend.store.close)  # type: ignore[attr-defined]
+            return list(await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60))
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, RequestFailed) for o in outcomes), outcomes
+    assert all("expert store is closed" in str(o) for o in outcomes), outcomes
