@@ -342,6 +342,10 @@ class Engine:
             "cache_slots_pinned": runtime.cache.pinned_count(),
             "compute_busy_seconds": recorder.compute_seconds,
             "expert_read_seconds": recorder.read_seconds,
+            "reads_failed": runtime.health.reads_failed,
+            "reads_retried": runtime.health.reads_retried,
+            "groups_failed": runtime.health.groups_failed,
+            "requests_failed": runtime.health.requests_failed,
         }
 
 
