@@ -90,6 +90,10 @@ class BenchPoint:
     """Charge no time for compute or reads: the row's ``overhead_us_per_job`` is then the runtime's own."""
     prefill_chunk: int = 512
     """Prompt tokens per prefill pass (``agentic`` only: ``chat`` prefills nothing)."""
+    charge_overhead: bool = False
+    """Advance virtual time by the CPU time the runtime (and the sim) spend on the event loop, as a
+    real machine's loop thread would: the row then shows what that cost does to the schedule.
+    Such runs differ slightly from one run (and machine) to the next."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -203,10 +207,15 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     )
     runtime = Runtime(backend, config)
     runtime.warm_cache(warm_keys(trace, point.concurrency, point.warmup_steps))
+    charge = point.charge_overhead
     wall, cpu = time.perf_counter(), time.process_time()
+    if point.workload == "agentic":
+        drain = run_virtual(lambda: closed_loop(runtime, specs, point.concurrency), charge_cpu=charge)
+    else:
+        run_virtual(lambda: runtime.run(specs), charge_cpu=charge)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall  # the run only, not its summary
     extra: dict[str, Any] = {}
     if point.workload == "agentic":
-        drain = run_virtual(lambda: closed_loop(runtime, specs, point.concurrency))
         initial = {spec.request for spec in specs[: point.concurrency]}
         first = max(t for r, step, t in runtime.recorder.tokens if step == 0 and r in initial)
         end = max(t for _, _, t in runtime.recorder.tokens) if drain is None else drain
@@ -218,10 +227,9 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
             "window_end_s": end,
         }
     else:
-        run_virtual(lambda: runtime.run(specs))
         metrics = summarize(runtime.recorder, runtime.cache.stats, steps=point.steps)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    jobs = sum(record.size for record in runtime.recorder.computes)
+    recorder = runtime.recorder
+    jobs, groups, reads = recorder.jobs, recorder.groups, recorder.reads
     row = {
         **asdict(point),
         "backend": "sim",
@@ -229,8 +237,11 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         "max_active": runtime.max_active,
         **metrics.as_row(),
         **extra,
-        "overhead_us_per_job": cpu / jobs * 1e6,
+        **overhead_row(cpu, jobs, groups, reads),
         "jobs": jobs,
+        "groups_run": groups,
+        "reads": reads,
+        "cpu_s": cpu,
         "wall_s": wall,
     }
     if timeline is not None:
@@ -257,6 +268,44 @@ def check_trace(trace: RoutingTrace, point: BenchPoint) -> None:
             f"the trace's requests hold {shortest} decode steps, fewer than --warmup-steps "
             f"{point.warmup_steps} + --steps {point.steps}: lower them or record more tokens"
         )
+
+
+def overhead_row(cpu: float, jobs: int, groups: int, reads: int) -> dict[str, float]:
+    """The run's CPU time per job, per group and per expert read (each the whole CPU time divided).
+
+    Under ``zero_cost`` that CPU time is the runtime's own (plus the sim's bookkeeping);
+    :func:`fit_overhead` splits it into a cost per job, per group and per read across rows.
+    """
+    return {
+        "overhead_us_per_job": cpu / jobs * 1e6 if jobs else float("nan"),
+        "overhead_us_per_group": cpu / groups * 1e6 if groups else float("nan"),
+        "overhead_us_per_read": cpu / reads * 1e6 if reads else float("nan"),
+    }
+
+
+def fit_overhead(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """Least squares ``cpu = a * jobs + b * groups + c * reads`` over rows of one run; None if too few.
+
+    Rows with different group sizes (policies) and read rates (cache fractions) separate the three
+    costs: ``a`` is what a job costs wherever it goes, ``b`` a group's extra (a backend call, the
+    scheduler's choice and its round trip to the issuer), ``c`` an expert read's (a link worker's
+    wake-ups, the fetch queue, eviction, the notice to the issuer and the job's release).
+    """
+    usable = [r for r in rows if r.get("cpu_s") is not None and r.get("jobs")]
+    if len(usable) < 3:
+        return None
+    design = np.array([[r["jobs"], r["groups_run"], r["reads"]] for r in usable], dtype=float)
+    cpu = np.array([r["cpu_s"] for r in usable])
+    if np.linalg.matrix_rank(design) < 3:
+        return None
+    (job, group, read), *_ = np.linalg.lstsq(design, cpu, rcond=None)
+    predicted = design @ np.array([job, group, read])
+    return {
+        "us_per_job": job * 1e6,
+        "us_per_group": group * 1e6,
+        "us_per_read": read * 1e6,
+        "max_error": float(np.max(np.abs(predicted - cpu) / cpu)),
+    }
 
 
 async def closed_loop(runtime: Runtime, specs: Sequence[RequestSpec], concurrency: int) -> float | None:
@@ -360,6 +409,7 @@ def sweep(
     warmup_steps: int = 8,
     zero_cost: bool = False,
     prefill_chunk: int = 512,
+    charge_overhead: bool = False,
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
@@ -377,6 +427,7 @@ def sweep(
             warmup_steps,
             zero_cost,
             prefill_chunk,
+            charge_overhead,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             concurrencies, cache_fractions, barriers, policies
@@ -452,6 +503,28 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{row['lower_bound_s'] * 1e3:>8.2f} {row['bound_ratio']:>6.3f} {row['overlap_fraction']:>7.2f} "
             f"{row['fetches_per_step']:>8.1f} {row['wasted_prefetches']:>6} {row['mean_group_size']:>5.2f} "
             f"{row['overhead_us_per_job']:>6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def format_overhead(rows: Sequence[dict[str, Any]]) -> str:
+    """The runtime's CPU time per job, group and read of each row, and their split across rows."""
+    lines = [
+        "",
+        f"{'policy':<28} {'conc':>4} {'cache':>5} {'jobs':>7} {'groups':>6} {'reads':>6} "
+        f"{'us/job':>7} {'us/group':>8} {'us/read':>7}",
+    ]
+    for row in rows:
+        lines.append(
+            f"{row['policy']:<28} {row['concurrency']:>4} {row['cache_fraction']:>5.2f} {row['jobs']:>7} "
+            f"{row['groups_run']:>6} {row['reads']:>6} {row['overhead_us_per_job']:>7.1f} "
+            f"{row['overhead_us_per_group']:>8.1f} {row['overhead_us_per_read']:>7.1f}"
+        )
+    fit = fit_overhead(rows)
+    if fit is not None:
+        lines.append(
+            f"least squares over these rows: {fit['us_per_job']:.1f} us per job + {fit['us_per_group']:.1f} "
+            f"us per group + {fit['us_per_read']:.1f} us per read (worst row off by {fit['max_error']:.0%})"
         )
     return "\n".join(lines)
 

@@ -94,6 +94,17 @@ class ExpertCache:
     def resident_keys(self) -> list[ExpertKey]:
         return [k for k, e in self._entries.items() if e.state is EntryState.RESIDENT]
 
+    def pinned_slots(self, keys: Sequence[ExpertKey]) -> list[int] | None:
+        """The slots of ``keys`` if every one is resident and pinned (a job ready to compute), else None."""
+        entries, resident = self._entries, EntryState.RESIDENT
+        slots = []
+        for key in keys:
+            entry = entries.get(key)
+            if entry is None or entry.state is not resident or entry.refcount < 1:
+                return None
+            slots.append(entry.slot)
+        return slots  # type: ignore[return-value]  # a resident entry always has its slot
+
     def pinned_count(self) -> int:
         """Entries with a nonzero refcount (any state)."""
         return sum(1 for e in self._entries.values() if e.refcount)
@@ -135,38 +146,61 @@ class ExpertCache:
 
         The same as :meth:`pin` per key, written out because it runs for every expert of every job.
         """
-        entries, touch, stats = self._entries, self.eviction.touch, self.stats
-        resident = EntryState.RESIDENT
+        eviction = self.eviction
+        touch_all = getattr(eviction, "touch_all", None)  # optional: a policy may only have touch
+        if touch_all is not None:
+            touch_all(keys)
+        else:
+            for key in keys:
+                eviction.touch(key)
+        entries, resident = self._entries, EntryState.RESIDENT
         missing = []
+        evictable = self._evictable
         for key in keys:
-            touch(key)
             entry = entries.get(key)
             if entry is None:
                 entries[key] = Entry(EntryState.WANTED, refcount=1)
                 missing.append(key)
                 continue
-            if entry.refcount == 0 and entry.state is resident:
-                self._evictable -= 1
+            if entry.state is resident:
+                if not entry.refcount:
+                    evictable -= 1
+            else:
+                missing.append(key)
             entry.refcount += 1
             entry.prefetched_unused = False
-            if entry.state is not resident:
-                missing.append(key)
+        self._evictable = evictable
+        stats = self.stats
         stats.misses += len(missing)
         stats.hits += len(keys) - len(missing)
         return tuple(missing)
 
     def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
-        """Release one reference on every key (the same as :meth:`unpin` per key)."""
-        entries, add = self._entries, self.eviction.add
-        resident = EntryState.RESIDENT
+        """Release one reference on every key (the same as :meth:`unpin` per key, written out)."""
+        entries, resident = self._entries, EntryState.RESIDENT
+        freed = []  # became evictable, in order
         for key in keys:
             entry = entries[key]
-            if entry.refcount == 1 and entry.state is resident:
-                entry.refcount = 0
-                self._evictable += 1
-                add(key)
+            refcount = entry.refcount - 1
+            if refcount > 0:
+                entry.refcount = refcount
+            elif refcount < 0:
+                raise RuntimeError(f"unpin of {key} with refcount {entry.refcount}")
             else:
-                self.unpin(key)
+                entry.refcount = 0
+                if entry.state is resident:
+                    freed.append(key)
+                elif entry.state is EntryState.WANTED:
+                    del entries[key]  # its job went away before a fetch was started
+        if freed:
+            self._evictable += len(freed)
+            eviction = self.eviction
+            add_all = getattr(eviction, "add_all", None)  # optional, as touch_all
+            if add_all is not None:
+                add_all(freed)
+            else:
+                for key in freed:
+                    eviction.add(key)
 
     def unpin(self, key: ExpertKey) -> None:
         """Release one reference. A resident entry whose count reaches zero becomes evictable."""

@@ -9,6 +9,7 @@ through structlog (``--log-json`` for JSON).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,11 +26,15 @@ MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand; every option has a help line (with its default, where it has one)."""
     from runahead import __version__
+    from runahead.engine import DEFAULT_MAX_WAITING
 
     common = a.Parser(add_help=False)
     common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log threshold"
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="log threshold",
     )
     parser = a.Parser(
         prog="runahead",
@@ -71,6 +76,29 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=a.integer(0, 65535), default=8000, help="TCP port (0: any free port)")
     serve.add_argument("--model-name", help="the name clients ask for (default: the folder's name)")
     _add_engine_options(serve)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("RUNAHEAD_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every request but /health (default: $RUNAHEAD_API_KEY)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=a.integer(1),
+        default=8 << 20,
+        help="larger request bodies get 413 (default: 8 MiB)",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=a.integer(0),
+        default=DEFAULT_MAX_WAITING,
+        help="requests that may wait beyond the running ones; more get 429 with Retry-After",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=a.number(0.0, open_low=True),
+        default=None,
+        help="seconds a request may run before it is cancelled with 504 (default: no limit)",
+    )
     gen = command("generate", help="generate with a real model (torch backend)")
     gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
@@ -162,6 +190,12 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "--zero-cost",
         action="store_true",
         help="sim: charge no time for compute or reads, to measure the runtime's own overhead per job",
+    )
+    bench.add_argument(
+        "--charge-overhead",
+        action="store_true",
+        help="sim: advance virtual time by the CPU time the runtime spends on its event loop "
+        "(the default charges only the cost model; charged runs vary slightly between runs)",
     )
     bench.add_argument(
         "--trace",
@@ -257,16 +291,19 @@ def _eos_token(model: str) -> int | None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import asyncio
     import contextlib
 
-    from runahead.server import EngineStopped, serve
+    from runahead import loops
+    from runahead.server import EngineStopped, ServerConfig, serve
     from runahead.torchbench import resolve_model
 
     a.check_device(args.device)
+    config = ServerConfig(
+        api_key=args.api_key, max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout
+    )
     try:
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
-            asyncio.run(
+            loops.run(
                 serve(
                     resolve_model(args.model),
                     host=args.host,
@@ -274,12 +311,14 @@ def run_serve(args: argparse.Namespace) -> int:
                     model_name=args.model_name,
                     log_json=args.log_json,
                     log_level=args.log_level,
+                    config=config,
                     backend=args.backend,
                     device=args.device,
                     dtype=args.dtype,
                     policy=args.policy,
                     cache_fraction=args.cache_fraction,
                     store=args.store,
+                    max_waiting=args.max_waiting,
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
@@ -307,13 +346,15 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from runahead.bench import format_table, run_sweep, sweep
+    from runahead.bench import format_overhead, format_table, run_sweep, sweep
     from runahead.progress import progress_bar
     from runahead.trace import RoutingTrace
 
     if args.what == "paper":
         return run_paper_command(args)
     if args.backend == "torch":
+        if args.trace is not None:
+            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -334,11 +375,14 @@ def run_bench(args: argparse.Namespace) -> int:
         eviction=args.eviction,
         warmup_steps=args.warmup_steps,
         zero_cost=args.zero_cost,
+        charge_overhead=args.charge_overhead,
     )
     with progress_bar("bench", len(points), enabled=not args.quiet) as advance:
         report = _progress(len(points), args.quiet, advance)
         rows = run_sweep(points, args.out, trace, report, timeline=args.timeline)
     print(format_table(rows))
+    if args.zero_cost:
+        print(format_overhead(rows))
     if args.out:
         print(f"\nwrote {args.out / 'results.jsonl'}")
     return 0
@@ -445,6 +489,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command; the exit status (2 for a bad argument)."""
+    from runahead.extras import missing_extra
     from runahead.logs import configure_logging
 
     parser = build_parser()
@@ -455,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:
         parser.exit(2, f"runahead {args.command}: error: {error}\n")
     except ModuleNotFoundError as error:
-        hint = a.missing_extra(error)
+        hint = missing_extra(error)
         if hint is None:
             raise
         parser.exit(1, f"runahead {args.command}: error: {hint}\n")

@@ -132,26 +132,3 @@ def check_device(name: str) -> None:
     index = int(name.partition(":")[2] or 0)
     if index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
-
-
-EXTRAS = {
-    "torch": "torch",
-    "safetensors": "torch",
-    "transformers": "torch",
-    "tokenizers": "torch",
-    "starlette": "serve",
-    "uvicorn": "serve",
-    "prometheus_client": "serve",
-    "matplotlib": "plot",
-    "uvloop": "uvloop",
-}
-"""Top-level module -> the extra of ``pyproject.toml`` that installs it."""
-
-
-def missing_extra(error: ModuleNotFoundError) -> str | None:
-    """One line naming the extra to install for a missing optional package, or ``None`` if it is not one."""
-    module = (error.name or "").partition(".")[0]
-    extra = EXTRAS.get(module)
-    if extra is None:
-        return None
-    return f"this needs the {module!r} package: pip install 'runahead[{extra}]' (or 'runahead[all]')"

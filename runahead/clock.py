@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import selectors
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -48,38 +49,78 @@ class SimulationStalled(RuntimeError):
 
 
 class _VirtualSelector(selectors.DefaultSelector):
-    """Polls real I/O without waiting; a wait for ``timeout`` advances the virtual clock instead."""
+    """A wait for ``timeout`` advances the virtual clock instead; real I/O is polled (without
+    waiting) only when nothing at all is scheduled, just before declaring the run stalled.
 
-    def __init__(self) -> None:
+    With ``charge_cpu``, every poll first advances the clock by the CPU time this thread spent
+    since the previous poll (the callbacks the loop just ran), so the runtime's own work takes
+    virtual time, serially, as it does on a real machine's event loop thread.
+    """
+
+    def __init__(self, charge_cpu: bool = False) -> None:
         super().__init__()
         self.ticks = 0
+        self.charge_cpu = charge_cpu
+        self.charged_ticks = 0  # virtual time that was CPU time of the loop's callbacks
+        self._cpu_ns: int | None = None
+        self._carry_ns = 0
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        ready = super().select(0)
-        if ready or timeout == 0:
+        charged = self._charge() if self.charge_cpu else 0
+        if timeout is not None:
+            # Nothing in a simulation waits on real I/O (a thread's call_soon_threadsafe queues its
+            # callback before it writes the wake-up pipe), so the clock moves without a syscall,
+            # rounded up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
+            wait = 0 if timeout == 0 else max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
+            self.ticks += max(0, wait - charged)  # time already charged counts towards the wait
+            return []
+        ready = super().select(0)  # about to stall: real I/O is the last thing that could happen
+        if ready:
             return ready
-        if timeout is None:
-            raise SimulationStalled(
-                "every task is waiting and nothing is scheduled: the simulated run can never finish "
-                "(a deadlock, or a wait on something that is not simulated)"
-            )
-        # Round up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
-        self.ticks += max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
-        return ready
+        raise SimulationStalled(
+            "every task is waiting and nothing is scheduled: the simulated run can never finish "
+            "(a deadlock, or a wait on something that is not simulated)"
+        )
+
+    def _charge(self) -> int:
+        """Advance the clock by the CPU time spent since the previous poll; return the ticks added."""
+        now = time.thread_time_ns()
+        if self._cpu_ns is None:
+            self._cpu_ns = now
+            return 0
+        self._carry_ns += now - self._cpu_ns
+        self._cpu_ns = now
+        ticks, self._carry_ns = divmod(self._carry_ns, 1_000_000_000 // TICKS_PER_S)
+        self.ticks += ticks
+        self.charged_ticks += ticks
+        return ticks
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """An asyncio loop on virtual time starting at 0: waits take no wall time. No threads in it."""
+    """An asyncio loop on virtual time starting at 0: waits take no wall time. No threads in it.
 
-    def __init__(self) -> None:
-        self._virtual = _VirtualSelector()
+    ``charge_cpu``: the loop's own CPU time also advances the clock (see :class:`_VirtualSelector`);
+    runs are then no longer identical from one run to the next.
+    """
+
+    def __init__(self, charge_cpu: bool = False) -> None:
+        self._virtual = _VirtualSelector(charge_cpu)
         super().__init__(self._virtual)
 
     def time(self) -> float:
         return self._virtual.ticks / TICKS_PER_S
 
+    @property
+    def charged_s(self) -> float:
+        """Virtual seconds that were the loop's own CPU time (0 unless ``charge_cpu``)."""
+        return self._virtual.charged_ticks / TICKS_PER_S
 
-def run_virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main()`` on a fresh :class:`VirtualTimeLoop` and return its result."""
-    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+
+def run_virtual(main: Callable[[], Coroutine[Any, Any, T]], *, charge_cpu: bool = False) -> T:
+    """Run ``main()`` on a fresh :class:`VirtualTimeLoop` and return its result.
+
+    ``charge_cpu``: advance virtual time by the CPU time the loop's callbacks (the actors, the
+    backend) spend, as :class:`VirtualTimeLoop` describes.
+    """
+    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(charge_cpu)) as runner:
         return runner.run(main())

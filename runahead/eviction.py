@@ -10,8 +10,8 @@ deterministic: ties break by the order in which entries became candidates.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections import OrderedDict, _count_elements  # type: ignore[attr-defined]
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 Evictable = Callable[[Hashable], bool]
@@ -21,7 +21,11 @@ class EvictionPolicy(Protocol):
     """The contract every eviction policy meets."""
 
     def touch(self, key: Hashable) -> None:
-        """Record one use of ``key`` (called on every pin)."""
+        """Record one use of ``key`` (called on every pin).
+
+        A policy may also have ``touch_all(keys)`` and ``add_all(keys)``, the same as ``touch`` and
+        ``add`` per key, in order, in one call (the cache uses them when present: they run for
+        every job)."""
 
     def add(self, key: Hashable) -> None:
         """``key`` became a candidate (resident, refcount zero), or was used again as one."""
@@ -42,9 +46,18 @@ class LRU:
     def touch(self, key: Hashable) -> None:
         pass  # recency is the moment the entry becomes a candidate, i.e. the end of its last use
 
+    def touch_all(self, keys: Iterable[Hashable]) -> None:
+        pass
+
     def add(self, key: Hashable) -> None:
         self._order[key] = None
         self._order.move_to_end(key)
+
+    def add_all(self, keys: Iterable[Hashable]) -> None:
+        order = self._order
+        for key in keys:
+            order[key] = None
+            order.move_to_end(key)
 
     def remove(self, key: Hashable) -> None:
         self._order.pop(key, None)
@@ -74,9 +87,22 @@ class LFU:
         counts = self.counts
         counts[key] = counts.get(key, 0) + 1
 
+    def touch_all(self, keys: Iterable[Hashable]) -> None:
+        _count_elements(self.counts, keys)  # touch() per key, in C: it runs for every job
+
     def add(self, key: Hashable) -> None:
         if key not in self._live:
             self._push(key)
+
+    def add_all(self, keys: Iterable[Hashable]) -> None:
+        live, heap, counts = self._live, self._heap, self.counts
+        seq = self._seq
+        for key in keys:
+            if key not in live:  # as add() and _push(), written out
+                seq += 1
+                live[key] = seq
+                heapq.heappush(heap, (counts.get(key, 0), seq, key))
+        self._seq = seq
 
     def remove(self, key: Hashable) -> None:
         self._live.pop(key, None)

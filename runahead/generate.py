@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runahead import loops
 from runahead.runtime import Runtime
 from runahead.sampling import SamplingParams
 from runahead.specs import ModelSpec
@@ -90,7 +91,7 @@ def generate(
                 write_chrome_trace(engine.runtime.recorder, timeline)
             return completions
 
-    return asyncio.run(run())
+    return loops.run(run())
 
 
 def save_trace(

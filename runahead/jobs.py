@@ -25,6 +25,25 @@ class ExpertKey(NamedTuple):
     expert: int
 
 
+_KEYS: dict[int, dict[int, ExpertKey]] = {}
+"""One shared :class:`ExpertKey` per (layer, expert) seen: building a job's keys is then a look-up
+per expert, not a tuple construction, and dict look-ups of a shared key compare by identity."""
+
+
+def expert_keys(layer: int, experts: tuple[int, ...]) -> tuple[ExpertKey, ...]:
+    """The cache keys of ``experts`` at ``layer`` (shared instances, equal to freshly built ones)."""
+    row = _KEYS.get(layer)
+    if row is None:
+        row = _KEYS[layer] = {}
+    try:
+        return tuple([row[e] for e in experts])
+    except KeyError:
+        for e in experts:
+            if e not in row:
+                row[e] = ExpertKey(layer, e)
+        return tuple([row[e] for e in experts])
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """Job ``layer -> layer+1`` of request ``request`` at decode step ``step``.
@@ -55,8 +74,7 @@ class Job:
     """The cache keys this job needs resident before it can compute (built once: it is hot)."""
 
     def __post_init__(self) -> None:
-        layer = self.layer
-        object.__setattr__(self, "keys", tuple([ExpertKey(layer, e) for e in self.experts]))
+        object.__setattr__(self, "keys", expert_keys(self.layer, self.experts) if self.experts else ())
 
     @property
     def progress(self) -> tuple[int, int]:

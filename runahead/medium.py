@@ -64,10 +64,13 @@ def small_model(progress: bool = True) -> Path:
     return build_cached("small-qwen3-moe", SMALL_CONFIG, "float32", progress)
 
 
-def build_cached(name: str, config: dict[str, Any], dtype: str, progress: bool = True) -> Path:
+def build_cached(
+    name: str, config: dict[str, Any], dtype: str, progress: bool = True, device: str = "cpu"
+) -> Path:
     """A random Qwen3-MoE with ``config`` and a trained tokenizer, saved under the cache directory once.
 
-    A folder built before the tokenizer existed gets one added.
+    A folder built before the tokenizer existed gets one added. ``device`` is where the random
+    weights are drawn (``cuda`` draws billions in seconds).
     """
     from runahead.tokenizer import has_tokenizer, save_tokenizer
 
@@ -87,9 +90,10 @@ def build_cached(name: str, config: dict[str, Any], dtype: str, progress: bool =
         log.info("building model (once)", model=name, path=str(path))
     with progress_bar(f"building {name}", 3, enabled=progress) as advance:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            Qwen3MoeConfig(**config), dtype=getattr(torch, dtype)
-        )
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                Qwen3MoeConfig(**config), dtype=getattr(torch, dtype)
+            )
         with torch.no_grad():
             for param_name, param in model.named_parameters():
                 if param_name.endswith("mlp.gate.weight"):

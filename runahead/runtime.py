@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
 from runahead.backend import Backend, CacheWatcher
@@ -27,11 +27,15 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RequestFailed
 from runahead.jobs import ExpertKey, RequestSpec
+from runahead.mailbox import Mailbox
 from runahead.messages import Cancel, FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
 from runahead.policy import PolicyConfig, parse_policy
 from runahead.prefetch import make_predictor
 from runahead.scheduling import ComputeQueue, StepBarrier
+
+if TYPE_CHECKING:
+    from runahead.sampling import StepLogprobs
 
 MAILBOX_SIZE = 1 << 16
 """Mailboxes are bounded. The actor graph has a cycle (issuer <-> scheduler), so sends never wait:
@@ -81,7 +85,7 @@ class RequestHandle:
         self.tokens: list[int] = []
         self.cancelled = False
         self._runtime = runtime
-        self._stream: asyncio.Queue[int | None] = asyncio.Queue()
+        self._stream: asyncio.Queue[tuple[int, StepLogprobs | None] | None] = asyncio.Queue()
         self._done: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
 
     async def result(self) -> list[int]:
@@ -90,8 +94,13 @@ class RequestHandle:
 
     async def stream(self) -> AsyncIterator[int]:
         """Each token as it is generated; ends when the request finishes or is cancelled."""
-        while (token := await self._stream.get()) is not None:
+        async for token, _ in self.steps():
             yield token
+
+    async def steps(self) -> AsyncIterator[tuple[int, StepLogprobs | None]]:
+        """Each token with what the backend scored for it (log-probs, when the request asked)."""
+        while (step := await self._stream.get()) is not None:
+            yield step
         if self._done.done() and self._done.exception() is not None:
             raise self._done.exception()  # type: ignore[misc]
 
@@ -103,9 +112,9 @@ class RequestHandle:
     def done(self) -> bool:
         return self._done.done()
 
-    def _token(self, token: int) -> None:
+    def _token(self, token: int, logprobs: StepLogprobs | None = None) -> None:
         self.tokens.append(token)
-        self._stream.put_nowait(token)
+        self._stream.put_nowait((token, logprobs))
 
     def _finish(self, cancelled: bool) -> None:
         if not self._done.done():
@@ -173,9 +182,9 @@ class Runtime:
         if self._task_group is not None:
             raise RuntimeError("this runtime is already running")
         policy = self.config.policy_config
-        issuer: asyncio.Queue[IssuerMessage] = asyncio.Queue(MAILBOX_SIZE)
-        scheduler: asyncio.Queue[SchedulerMessage] = asyncio.Queue(MAILBOX_SIZE)
-        fetcher: asyncio.Queue[FetcherMessage] = asyncio.Queue(MAILBOX_SIZE)
+        issuer: Mailbox[IssuerMessage] = Mailbox(MAILBOX_SIZE)
+        scheduler: Mailbox[SchedulerMessage] = Mailbox(MAILBOX_SIZE)
+        fetcher: Mailbox[FetcherMessage] = Mailbox(MAILBOX_SIZE)
         job_issuer = JobIssuer(
             backend=self.backend,
             cache=self.cache,
@@ -282,7 +291,9 @@ class Runtime:
     # -- TokenSink (called by the actors) ------------------------------------------------------
 
     def token(self, request: int, step: int, token: int, time: float) -> None:
-        self.handles[request]._token(token)
+        # the backend scored the token in the compute that sampled it; its request is still open
+        take = getattr(self.backend, "take_logprobs", None)
+        self.handles[request]._token(token, take(request) if take is not None else None)
 
     def finished(self, request: int, cancelled: bool = False, error: str | None = None) -> None:
         """A request ended: resolve its handle and forget it (the caller holds the handle).

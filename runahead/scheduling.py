@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -87,7 +88,7 @@ class ComputeQueue:
     def __init__(self, order: ComputeOrder, grouping: Grouping) -> None:
         self.order = order
         self.grouping = grouping
-        self._ready: dict[int, tuple[int, Job]] = {}  # request -> (arrival sequence, job)
+        self._ready: dict[int, tuple[tuple[int, ...], int, Job]] = {}  # request -> (rank, arrival, job)
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -97,12 +98,14 @@ class ComputeQueue:
         """``job`` has every expert resident (pinned) and may compute."""
         if job.request in self._ready:
             raise RuntimeError(f"request {job.request} already has a ready job")
-        self._ready[job.request] = (next(self._seq), job)
+        seq = next(self._seq)
+        rank = (seq,) if self.order is ComputeOrder.FIFO else (job.epoch, job.layer, seq)
+        self._ready[job.request] = (rank, seq, job)
 
     def discard(self, request: int) -> Job | None:
         """Drop a request's ready job (cancellation); return it if there was one."""
         entry = self._ready.pop(request, None)
-        return None if entry is None else entry[1]
+        return None if entry is None else entry[2]
 
     def select_group(
         self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
@@ -113,37 +116,31 @@ class ComputeQueue:
         computing; not one held at the step barrier) to its progress ``(epoch, layer)``;
         ``lanes`` maps every active request to its lane. Only static grouping needs them.
         """
-        if not self._ready:
+        ready = self._ready
+        if not ready:
             return None
         if self.grouping.static:
             members = self._static_candidate(positions, lanes)
         else:
-            first = min(self._ready.values(), key=self._rank)
-            layer = first[1].layer
-            members = [entry for entry in self._ready.values() if entry[1].layer == layer]
+            layer = min(ready.values(), key=_rank_of)[2].layer
+            members = [entry for entry in ready.values() if entry[2].layer == layer]
         if not members:
             return None
-        members.sort(key=lambda entry: entry[0])
-        for _, job in members:
-            del self._ready[job.request]
-        return Group(members[0][1].layer, tuple(job for _, job in members))
-
-    def _rank(self, entry: tuple[int, Job]) -> tuple[int, ...]:
-        seq, job = entry
-        if self.order is ComputeOrder.FIFO:
-            return (seq,)
-        return (job.epoch, job.layer, seq)
+        members.sort(key=_arrival_of)
+        for _, _, job in members:
+            del ready[job.request]
+        return Group(members[0][2].layer, tuple([job for _, _, job in members]))
 
     def _static_candidate(
         self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
-    ) -> list[tuple[int, Job]]:
+    ) -> list[tuple[tuple[int, ...], int, Job]]:
         """Static groups wait for every member at the group's least progress to be ready."""
         by_group: dict[int, list[int]] = {}
         for request, lane in lanes.items():
             if request not in positions:
                 continue  # held at the step barrier
             by_group.setdefault(self.grouping.group_of_lane(lane), []).append(request)
-        candidates: list[list[tuple[int, Job]]] = []
+        candidates: list[list[tuple[tuple[int, ...], int, Job]]] = []
         for requests in by_group.values():
             least = min(positions[r] for r in requests)
             laggards = [r for r in requests if positions[r] == least]
@@ -151,7 +148,11 @@ class ComputeQueue:
                 candidates.append([self._ready[r] for r in laggards])
         if not candidates:
             return []
-        return min(candidates, key=lambda members: min(self._rank(entry) for entry in members))
+        return min(candidates, key=lambda members: min(entry[0] for entry in members))
+
+
+_rank_of = operator.itemgetter(0)  # of a ready entry (rank, arrival, job)
+_arrival_of = operator.itemgetter(1)
 
 
 @dataclass(slots=True)
@@ -172,6 +173,7 @@ class FetchQueue:
 
     def __init__(self, order: FetchOrder) -> None:
         self.order = order
+        self._rank = _FETCH_RANKS[order]
         self._blocked: dict[int, _Blocked] = {}
         self._by_key: dict[ExpertKey, list[int]] = {}  # missing expert -> blocked requests
         self._seq = itertools.count()
@@ -239,12 +241,25 @@ class FetchQueue:
             self.discard(best.job.request)
         return None
 
-    def _rank(self, blocked: _Blocked) -> tuple[int, ...]:
-        if self.order is FetchOrder.LOWEST_LAYER_SRTF:
-            return (blocked.job.epoch, blocked.job.layer, blocked.remaining, blocked.seq)
-        if self.order is FetchOrder.GLOBAL_SRTF:
-            return (blocked.remaining, blocked.seq)
-        return (blocked.seq,)
+
+def _lowest_layer_srtf(blocked: _Blocked) -> tuple[int, ...]:
+    job = blocked.job
+    return (job.epoch, job.layer, blocked.remaining, blocked.seq)
+
+
+def _global_srtf(blocked: _Blocked) -> tuple[int, ...]:
+    return (blocked.remaining, blocked.seq)
+
+
+def _blocking_order(blocked: _Blocked) -> tuple[int, ...]:
+    return (blocked.seq,)
+
+
+_FETCH_RANKS = {
+    FetchOrder.LOWEST_LAYER_SRTF: _lowest_layer_srtf,
+    FetchOrder.GLOBAL_SRTF: _global_srtf,
+    FetchOrder.FIFO: _blocking_order,
+}
 
 
 class PrefetchQueue:

@@ -7,7 +7,6 @@ of the measurement window.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import random
@@ -16,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from runahead import loops
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import summarize
 from runahead.policy import check_concurrency
@@ -118,7 +118,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
 
     direct_io = getattr(backend.store, "direct", None)  # read before close() releases the files
     try:
-        tokens = asyncio.run(main())
+        tokens = loops.run(main())
     finally:
         backend.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

@@ -217,6 +217,11 @@ class RoutingTrace:
         Requests may differ in length; ``predictions`` (same nesting) is optional and stays all -1
         (no prediction) where absent. Selections are sorted; all must have the same top-k.
         """
+        if isinstance(selections, dict):
+            raise TraceFormatError(
+                "from_selections takes [request][step][layer] -> experts lists; for a runtime's "
+                "recorder.selections use RoutingTrace.from_recorder"
+            )
         if not selections or not selections[0] or not selections[0][0]:
             raise TraceFormatError("from_selections: need at least one request with one step")
         layers, top_k = len(selections[0][0]), len(selections[0][0][0])

@@ -186,6 +186,32 @@ def save_tiny_tokenizer(path: str | Path) -> None:
     fast.save_pretrained(str(path))
 
 
+def reference_greedy(
+    path: str | Path, prompts: Sequence[Sequence[int]], tokens: int, *, eos: int | None = None
+) -> list[list[int]]:
+    """``transformers``' own greedy continuation of each prompt: ``tokens`` new tokens (float32).
+
+    With ``eos`` a continuation stops after that token (as a server stopping at end-of-sequence
+    does); without, it runs the full length (as the runtime does without stop tokens).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    stop: dict[str, Any] = {"eos_token_id": eos} if eos is not None else {"min_new_tokens": tokens}
+    continuations = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)])
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, **stop
+            )
+            continuation = out[0, len(prompt) :].tolist()
+            if eos is not None and eos in continuation:
+                continuation = continuation[: continuation.index(eos) + 1]
+            continuations.append(continuation)
+    return continuations
+
+
 def reference_logits(path: str | Path, tokens: Sequence[int]) -> torch.Tensor:
     """``transformers``' own float32 logits ``[len(tokens), vocab]`` for ``tokens`` as one sequence."""
     from transformers import AutoModelForCausalLM
@@ -223,3 +249,112 @@ def run_jobs(
     logits = model.logits(hidden)
     sizes = [len(tokens) for _, tokens in requests]
     return list(torch.split(logits, sizes))
+
+
+EXACTNESS_PROMPTS = [[5, 17, 42, 9], [3, 99, 7], [120, 4, 4, 66, 8, 31], [200], [11, 12, 13], [77, 78]]
+"""Prompts :func:`compare_with_transformers` runs (token ids of the tiny models' vocabulary)."""
+
+
+def transformers_logits(model: Any, tokens: Sequence[int]) -> torch.Tensor:
+    """A loaded ``transformers`` model's float32 logits ``[len(tokens), vocab]`` for one sequence."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return model(torch.tensor([list(tokens)], device=device)).logits[0].float().cpu()
+
+
+def compare_with_transformers(
+    path: str | Path,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    policy: str = "runahead",
+    requests: int = 4,
+    tokens: int = 16,
+    slots: int = 8,
+    store: str = "disk",
+    chunk: int = 256,
+) -> dict[str, Any]:
+    """Run ``requests`` prompts at once through the runtime on ``device`` in ``dtype`` (``slots``
+    cache slots, so experts are evicted and refetched) and ``transformers`` on the same device.
+
+    Returns ``tokens_equal`` (every request's greedy tokens equal ``transformers``' ``generate`` in
+    the same dtype), ``first_divergence`` (the earliest generated position where they differ, or
+    None), ``logit_error`` (max |ours - transformers float32| over the generated steps, teacher-forced
+    on our own tokens) and ``reference_error`` (the same for ``transformers`` in ``dtype``: how far
+    that dtype alone moves the logits). In float32 ``reference_error`` is 0. ``logit_mean_error`` and
+    ``reference_mean_error`` are the same as mean absolute differences (steadier than the max).
+    """
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from runahead.backends.torch import TorchBackend
+    from runahead.jobs import RequestSpec
+    from runahead.runtime import Runtime, RuntimeConfig
+    from runahead.sampling import SamplingParams
+
+    prompts = EXACTNESS_PROMPTS[:requests]
+    backend = TorchBackend.open(
+        str(path),
+        cache_slots=slots,
+        device=device,
+        store=store,
+        dtype=dtype,
+        keep_logits=True,  # type: ignore[arg-type]
+    )
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=slots, policy=policy, prefill_chunk=chunk))
+    specs = [
+        RequestSpec(i, tokens, prompt=tuple(p), sampling=SamplingParams(max_tokens=tokens))
+        for i, p in enumerate(prompts)
+    ]
+    logits: dict[int, torch.Tensor] = {}
+    close = backend.close_request
+
+    def keep(request: int) -> None:
+        if request in backend._requests:
+            logits[request] = torch.stack(backend.logits_of(request)).float().cpu()
+        close(request)
+
+    backend.close_request = keep  # type: ignore[method-assign]
+    try:
+        ours = asyncio.run(runtime.run(specs))
+    finally:
+        backend.close()
+
+    def load(kind: torch.dtype) -> Any:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=kind, attn_implementation="eager")
+        return model.to(device).eval()
+
+    same, exact = load(dtype), load(torch.float32)
+    # the runtime does not stop at EOS, so neither may the reference (min_new_tokens would instead
+    # forbid EOS, changing the argmax wherever the greedy choice is EOS)
+    same.generation_config.eos_token_id = None
+    divergence: int | None = None
+    logit_error = reference_error = 0.0
+    ours_diffs, reference_diffs = [], []
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            mask = torch.ones_like(ids)
+            out = same.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False)
+        theirs = out[0, len(prompt) :].tolist()
+        differ = [t for t, (a, b) in enumerate(zip(ours[i], theirs, strict=True)) if a != b]
+        if differ and (divergence is None or differ[0] < divergence):
+            divergence = differ[0]
+        sequence = list(prompt) + ours[i]
+        window = slice(len(prompt) - 1, len(sequence) - 1)
+        truth = transformers_logits(exact, sequence)[window]
+        ours_diffs.append((logits[i] - truth).abs().flatten())
+        reference_diffs.append((transformers_logits(same, sequence)[window] - truth).abs().flatten())
+        logit_error = max(logit_error, ours_diffs[-1].max().item())
+        reference_error = max(reference_error, reference_diffs[-1].max().item())
+    return {
+        "tokens_equal": divergence is None,
+        "first_divergence": divergence,
+        "logit_error": logit_error,
+        "reference_error": reference_error,
+        "logit_mean_error": torch.cat(ours_diffs).mean().item(),
+        "reference_mean_error": torch.cat(reference_diffs).mean().item(),
+        "requests": len(prompts),
+        "tokens": tokens,
+    }

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runahead.engine import Engine
-from runahead.server import build_server, create_app
+from runahead.server import ServerConfig, build_server, create_app
 
 from modelhelpers import build_tiny_model
 
@@ -88,7 +88,7 @@ class RunningServer:
 
 @contextlib.contextmanager
 def running_server(
-    model: str | Path, model_name: str = "tiny", **engine_options: Any
+    model: str | Path, model_name: str = "tiny", config: ServerConfig | None = None, **engine_options: Any
 ) -> Iterator[RunningServer]:
     """Serve ``model`` on a free 127.0.0.1 port in a background thread until the block ends."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -101,7 +101,7 @@ def running_server(
     async def main() -> None:
         engine = await Engine.open(str(model), **engine_options)
         try:
-            server = build_server(create_app(engine, model_name), log_level="warning")
+            server = build_server(create_app(engine, model_name, config=config), log_level="warning")
             box.update(engine=engine, server=server, loop=asyncio.get_running_loop())
             started.set()
             await server.serve(sockets=[listener])

@@ -158,3 +158,45 @@ def test_deadlock_rule() -> None:
 def test_zero_slots_rejected() -> None:
     with pytest.raises(ValueError, match="at least one slot"):
         ExpertCache(0)
+
+
+class _PerKey:
+    """A policy with only ``touch`` and ``add``: the cache must fall back to them key by key."""
+
+    def __init__(self, name: str) -> None:
+        self.inner = make_eviction(name)
+
+    def touch(self, key: object) -> None:
+        self.inner.touch(key)  # type: ignore[arg-type]
+
+    def add(self, key: object) -> None:
+        self.inner.add(key)  # type: ignore[arg-type]
+
+    def remove(self, key: object) -> None:
+        self.inner.remove(key)  # type: ignore[arg-type]
+
+    def pop_victim(self, evictable=None):  # type: ignore[no-untyped-def]
+        return self.inner.pop_victim(evictable)
+
+
+@pytest.mark.parametrize("name", ["lfu", "lru"])
+def test_batched_pins_evict_exactly_as_key_by_key(name: str) -> None:
+    """``touch_all``/``add_all`` (one call per job) choose the same victims as ``touch``/``add`` per key."""
+    import random
+
+    rng = random.Random(7)
+    batched, per_key = ExpertCache(12, name), ExpertCache(12, _PerKey(name))  # type: ignore[arg-type]
+    victims: list[list[ExpertKey]] = [[], []]
+    for _ in range(400):
+        job = tuple({ExpertKey(rng.randrange(3), rng.randrange(8)) for _ in range(3)})
+        for cache, log in zip((batched, per_key), victims, strict=True):
+            for key in cache.pin_all(job):
+                if cache.state(key) is EntryState.WANTED:
+                    before = set(cache.resident_keys())
+                    assert cache.reserve(key) is not None
+                    log.extend(sorted(before - set(cache.resident_keys())))
+                    cache.complete(key)
+            cache.unpin_all(job)
+    assert victims[0] == victims[1]
+    assert len(victims[0]) > 50
+    assert batched.stats == per_key.stats

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from runahead.cli import build_parser, main
-from runahead.cli_args import HelpFormatter, missing_extra
+from runahead.cli_args import HelpFormatter
+from runahead.extras import missing_extra
 
 COMMANDS = ("bench", "demo", "serve", "generate")
 
@@ -64,6 +65,7 @@ def test_defaults_read_as_the_user_types_them() -> None:
             "its static groups hold 6 requests, which does not divide concurrency 4",
         ),
         (["bench", "--trace", "no-such.npz"], "no-such.npz"),
+        (["bench", "--backend", "torch", "--trace", "t.npz"], "--trace replays recorded routing on the sim"),
         (["bench", "paper"], "runahead bench paper needs --out DIR"),
     ],
 )
@@ -111,3 +113,18 @@ def test_a_missing_optional_package_names_its_extra(hidden: str, argv: list[str]
 def test_an_unrelated_missing_module_is_not_blamed_on_an_extra() -> None:
     assert missing_extra(ModuleNotFoundError("no", name="torchvision")) is None
     assert "runahead[torch]" in (missing_extra(ModuleNotFoundError("no", name="transformers.models")) or "")
+
+
+def test_the_library_names_the_extra_too() -> None:
+    code = (
+        "import asyncio, sys; sys.modules['torch'] = None\n"
+        "from runahead import Engine\n"
+        "try:\n"
+        "    asyncio.run(Engine.open('no/such/folder'))\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == (
+        "this needs the 'torch' package: pip install 'runahead[torch]' (or 'runahead[all]')"
+    ), done.stderr

@@ -12,7 +12,7 @@ import pytest
 from runahead.paper import FIGURES, TINY, figure_points, run_paper, runner
 from runahead.paper.precision import replay_precision
 from runahead.specs import load_model_spec
-from runahead.trace import default_trace
+from runahead.trace import RoutingTrace, default_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -40,12 +40,19 @@ def test_every_figure_file_is_written(tiny_run: Path) -> None:
     assert set(summary) == set(FIGURES)
 
 
-def test_precision_rows_are_fractions(tiny_run: Path) -> None:
+def test_precision_rows_cover_every_cache(tiny_run: Path) -> None:
     rows = _rows(tiny_run / "fig1_precision.jsonl")
     assert {r["cache"] for r in rows} == {"none", "lru", "lfu", "random"}
-    for row in rows:
-        assert 0.0 <= row["precision"] <= 1.0
-        assert 0 <= row["useful"] <= row["prefetched"]
+
+
+def test_precision_counts_match_a_hand_worked_trace() -> None:
+    selections = [[[0, 1], [2, 3], [0, 2]], [[1, 2], [2, 3], [1, 3]]]
+    predictions = [[[0, 1], [2, 0], [3, 1]], [[1, 2], [1, 3], [1, 3]]]
+    trace = RoutingTrace.from_selections([selections], 4, [predictions])
+    counts = replay_precision(trace, "none", 0.0)
+    # layers 1 and 2 of both steps predict 2 experts each; right: 1, 0, 1 and 2 of them
+    assert (counts["prefetched"], counts["useful"], counts["precision"]) == (8, 4, 0.5)
+    assert (counts["needed"], counts["held"]) == (12, 0)
 
 
 def test_more_cache_never_means_more_sync_fetches(tiny_run: Path) -> None:
@@ -56,12 +63,14 @@ def test_more_cache_never_means_more_sync_fetches(tiny_run: Path) -> None:
     assert all(a >= b for a, b in itertools.pairwise(fetches)), fetches
 
 
-def test_breakdown_fractions_sum_to_one(tiny_run: Path) -> None:
+def test_breakdown_parts_are_never_negative(tiny_run: Path) -> None:
+    """Each part is a difference of measured busy times: a negative one means busy time counted
+    twice (overlapping reads summed instead of merged, say)."""
     rows = _rows(tiny_run / "fig4_breakdown.jsonl")
     assert {r["workload"] for r in rows} == {"chat", "agentic"}
     for row in rows:
         parts = ("overlap_fraction", "compute_only_fraction", "link_only_fraction", "idle_fraction")
-        assert sum(row[p] for p in parts) == pytest.approx(1.0, abs=1e-9)
+        assert all(row[p] >= -1e-12 for p in parts), row
         assert row["tokens_per_s"] > 0
         assert row["overlap_fraction"] == 0.0 or row["policy"] != "sync"
 

@@ -21,10 +21,10 @@ import httpx
 import openai
 import pytest
 
-from runahead.sampling import SamplingParams
+from runahead.engine import Completion
 from runahead.server.generation import StopMatcher
 
-from modelhelpers import build_tiny_model
+from modelhelpers import build_tiny_model, reference_greedy
 from serverhelpers import RunningServer, build_chat_model, running_server
 
 PROMPTS = ["w5 w17 w42", "w9 w3", "w100 w2 w7 w7", "w33"]
@@ -46,17 +46,22 @@ def server(chat_model: Path) -> Iterator[RunningServer]:
 
 
 @pytest.fixture(scope="module")
-def references(server: RunningServer) -> dict[str, Any]:
-    """The engine's own greedy output, run on the served engine, for every prompt and the chat."""
-    engine = server.engine
-    chat_ids = engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+def references(server: RunningServer, chat_model: Path) -> dict[str, Any]:
+    """transformers' own greedy output (the judge, not the engine) for every prompt and the chat."""
+    tokenizer = server.engine.tokenizer
+    chat_ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
     chat_ids = list(chat_ids["input_ids"] if isinstance(chat_ids, Mapping) else chat_ids)
-    params = SamplingParams(max_tokens=TOKENS, stop_token_ids=frozenset({EOS}))
 
-    async def run() -> list[Any]:
-        return await asyncio.gather(*(engine.complete(p, params) for p in [*PROMPTS, chat_ids]))
-
-    *completions, chat = server.call(run(), timeout=120)
+    prompt_ids = [list(tokenizer.encode(p)) for p in PROMPTS] + [chat_ids]
+    answers = []
+    for ids, tokens in zip(
+        prompt_ids, reference_greedy(chat_model, prompt_ids, TOKENS, eos=EOS), strict=True
+    ):
+        reason = "stop" if tokens[-1] == EOS else "length"
+        answers.append(
+            Completion(tokens, tokenizer.decode(tokens, skip_special_tokens=True), reason, len(ids))
+        )
+    *completions, chat = answers
     return {"prompts": dict(zip(PROMPTS, completions, strict=True)), "chat": chat, "chat_ids": chat_ids}
 
 
@@ -267,7 +272,16 @@ BAD_REQUESTS: list[tuple[str, Any, int, str, str | None]] = [
     ("/v1/completions", {"model": "tiny"}, 400, "you must provide a prompt", "prompt"),
     ("/v1/completions", {**GOOD, "prompt": 7}, 400, "prompt must be a string or a list of token", "prompt"),
     ("/v1/completions", {**GOOD, "prompt": ""}, 400, "the prompt is empty", "prompt"),
-    ("/v1/completions", {**GOOD, "prompt": ["w1", "w2"]}, 400, "one prompt per request, got 2", "prompt"),
+    ("/v1/completions", {**GOOD, "prompt": ["w1", 5]}, 400, "or a list of those; got", "prompt"),
+    ("/v1/completions", {**GOOD, "prompt": ["w1"] * 65}, 400, "at most 64 prompts, got 65", "prompt"),
+    ("/v1/completions", {**GOOD, "prompt": ["w1 w2", ""]}, 400, "the prompt is empty", "prompt"),
+    (
+        "/v1/completions",
+        {**GOOD, "prompt": ["w1", "w1 " * 512]},
+        400,
+        "the prompt[1] has 512 tokens",
+        "prompt",
+    ),
     ("/v1/completions", {**GOOD, "prompt": [5, 300]}, 400, "outside the vocabulary [0, 256)", "prompt"),
     ("/v1/completions", {**GOOD, "prompt": "w1 " * 600}, 400, "the prompt has 600 tokens", "prompt"),
     ("/v1/completions", {**GOOD, "max_tokens": -1}, 400, "max_tokens must be >= 1, got -1", "max_tokens"),
@@ -300,7 +314,13 @@ BAD_REQUESTS: list[tuple[str, Any, int, str, str | None]] = [
         "only allowed when stream is true",
         "stream_options",
     ),
-    ("/v1/completions", {**GOOD, "n": 2}, 400, "n=2 is not supported", "n"),
+    ("/v1/completions", {**GOOD, "n": 0}, 400, "n must lie in [1, 64], got 0", "n"),
+    ("/v1/completions", {**GOOD, "prompt": ["w1"] * 8, "n": 9}, 400, "asks for 72 answers; at most 64", "n"),
+    ("/v1/completions", {**GOOD, "logprobs": 21}, 400, "logprobs must lie in [0, 20], got 21", "logprobs"),
+    ("/v1/completions", {**GOOD, "logprobs": True}, 400, "logprobs must be an integer, got true", "logprobs"),
+    ("/v1/completions", {**GOOD, "echo": 1}, 400, "echo must be true or false, got 1", "echo"),
+    ("/v1/completions", {**GOOD, "best_of": 3}, 400, "best_of must equal n (1)", "best_of"),
+    ("/v1/completions", {**GOOD, "suffix": "x"}, 400, 'suffix="x" is not supported', "suffix"),
     ("/v1/chat/completions", {"model": "tiny"}, 400, "you must provide messages", "messages"),
     (
         "/v1/chat/completions",
@@ -322,6 +342,20 @@ BAD_REQUESTS: list[tuple[str, Any, int, str, str | None]] = [
         400,
         "messages[0].content must be a string or a list of text parts",
         "messages[0].content",
+    ),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "top_logprobs": 2},
+        400,
+        "top_logprobs needs logprobs set to true",
+        "top_logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {**GOOD_CHAT, "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs must lie in [0, 20], got 21",
+        "top_logprobs",
     ),
     (
         "/v1/chat/completions",

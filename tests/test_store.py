@@ -15,7 +15,15 @@ import pytest
 import torch
 
 from runahead.models.layout import ExpertLayout
-from runahead.store import DiskStore, ExpertStore, HostStore, SlotPool, StoreError, make_store
+from runahead.store import (
+    DiskStore,
+    ExpertStore,
+    HostStore,
+    SlotPool,
+    StoreError,
+    filesystem_type,
+    make_store,
+)
 
 from storehelpers import layout_from_safetensors, o_direct_dir, write_experts
 
@@ -231,6 +239,38 @@ async def test_falls_back_when_o_direct_reads_fail_with_einval(
         assert torch.equal(pool.slot(i), expected[key])
     warnings = [r for r in caplog.records if "EINVAL at read" in r.getMessage()]
     assert len(warnings) == len({r.path for rs in layout.ranges.values() for r in rs})  # once per file
+
+
+async def test_model_on_an_overlay_filesystem(tmp_path: Path) -> None:
+    """A model inside a container's own filesystem (overlayfs, as Docker's overlay2 lays images):
+    reads are O_DIRECT where overlayfs passes the flag through (Linux 6.x over ext4), else buffered
+    with a warning; either way the bytes are right. Needs permission to mount (skips otherwise)."""
+    import subprocess
+
+    lower, upper, work, merged = (tmp_path / name for name in ("lower", "upper", "work", "merged"))
+    for folder in (lower, upper, work, merged):
+        folder.mkdir()
+    layout, expected = model(lower)
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    mounted = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount an overlay here: {mounted.stderr.decode().strip()}")
+    try:
+        ranges = {
+            key: tuple(dataclasses.replace(r, path=r.path.replace(str(lower), str(merged))) for r in rs)
+            for key, rs in layout.ranges.items()
+        }
+        overlaid = dataclasses.replace(layout, ranges=ranges)
+        assert filesystem_type(ranges[(0, 0)][0].path) == "overlay"
+        with DiskStore(overlaid) as store:
+            pool = await fill_all(store, overlaid)
+            assert store.direct or "EINVAL" in store.direct_reason
+        for i, key in enumerate(sorted(layout.ranges)):
+            assert torch.equal(pool.slot(i), expected[key])
+    finally:
+        subprocess.run(["umount", str(merged)], check=False)
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm (tmpfs) on this machine")

@@ -251,3 +251,29 @@ def test_not_an_npz(tmp_path: Path) -> None:
     path.write_text("hello")
     with pytest.raises(TraceFormatError, match=r"junk\.npz: not a readable"):
         RoutingTrace.load(path)
+
+
+def test_a_runtime_recording_round_trips_with_its_model_spec(tmp_path: Path) -> None:
+    from runahead import RequestSpec, Runtime, RuntimeConfig, run_virtual
+    from runahead.backends.sim import SimBackend
+    from runahead.costs import CostModel
+    from runahead.specs import load_profile
+
+    model = load_model_spec("olmoe-1b-7b")
+    source = default_trace(model, num_requests=2, num_steps=6, seed=3)
+    runtime = Runtime(
+        SimBackend(source, CostModel(model, load_profile("mac-mini"))),
+        RuntimeConfig(cache_slots=256, policy="runahead", record_selections=True),
+    )
+    run_virtual(lambda: runtime.run([RequestSpec(r, max_tokens=6) for r in range(2)]))
+    recorded = runtime.recorder.selections
+    with pytest.raises(TraceFormatError, match=r"use RoutingTrace\.from_recorder"):
+        RoutingTrace.from_selections(recorded, model.num_experts)  # type: ignore[arg-type]
+    trace = RoutingTrace.from_recorder(recorded, model.num_layers, model.num_experts, spec=model)
+    trace.save(tmp_path / "run.npz")
+    loaded = RoutingTrace.load(tmp_path / "run.npz")
+    assert loaded.spec == model
+    for request in range(2):
+        steps = len(loaded.selections(request))
+        assert steps >= 5
+        assert loaded.selections(request) == source.selections(request)[:steps]

@@ -21,6 +21,7 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health
 from runahead.jobs import ExpertKey
+from runahead.mailbox import Signal
 from runahead.messages import Blocked, FetchDone, FetcherMessage, FetchFailed, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
 from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
@@ -58,7 +59,7 @@ class ExpertFetcher:
         self.health = health or Health()
         self.read_retries = read_retries
         self.retry_pause_s = retry_pause_s
-        self._wake = asyncio.Event()
+        self._wake = Signal()
         self._closing = False
 
     async def run(self) -> None:

@@ -79,8 +79,13 @@ class JobIssuer:
 
     def handle(self, message: IssuerMessage) -> None:
         if isinstance(message, NextJobs):
-            issued = (self._issue(job) for job in message.jobs if job.request not in self._cancelled)
-            self.scheduler.put_nowait(Ready(tuple(job for job in issued if job is not None), reply=True))
+            cancelled, issued_jobs = self._cancelled, []
+            for job in message.jobs:
+                if job.request not in cancelled:
+                    issued = self._issue(job)
+                    if issued is not None:
+                        issued_jobs.append(issued)
+            self.scheduler.put_nowait(Ready(tuple(issued_jobs), reply=True))
         elif isinstance(message, FetchDone):
             ready = self._arrived(message.key)
             if ready:
@@ -101,7 +106,7 @@ class JobIssuer:
 
     def _issue(self, job: Job) -> Job | None:
         """Pin the job's experts; return it (its first wave, if split) when ready, else block it."""
-        if job.wave == 0 and not job.prefill:
+        if self.recorder.record_selections and job.wave == 0 and not job.prefill:
             self.recorder.selection(job.request, job.step, job.layer, job.experts)
         if len(job.experts) > self.backend.experts_per_job:
             job = self._first_wave(job)

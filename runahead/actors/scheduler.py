@@ -126,7 +126,7 @@ class ComputeScheduler:
             raise RuntimeError(
                 f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs"
             )
-        self.recorder.compute(start, end, group.layer, tuple(job.request for job in group.jobs))
+        self.recorder.compute(start, end, group.layer, tuple([job.request for job in group.jobs]))
         for job in group.jobs:
             self.cache.unpin_all(job.keys)
         next_jobs = []

@@ -155,7 +155,7 @@ class SimBackend:
         states = [self._requests[job.request] for job in group.jobs]
         held = self._check_experts(group)
         await self.clock.sleep(0.0 if self.zero_cost else self._duration(group, states))
-        if held is not None and any(self._slots.get(slot) != content for slot, content in held.items()):
+        if held is not None and {slot: self._slots.get(slot) for slot in held} != held:
             raise BrokenPromise(
                 f"an expert of the group at layer {group.layer} was evicted while it computed"
             )
@@ -194,17 +194,21 @@ class SimBackend:
         if cache is None:
             return None
         held: dict[int, tuple[ExpertKey, bool] | None] = {}
+        contents = self._slots
         for job in group.jobs:
-            for key in job.keys:
-                if not cache.is_resident(key) or cache.refcount(key) < 1:
-                    state = cache.state(key)
-                    raise BrokenPromise(
-                        f"request {job.request}'s job at layer {job.layer} was computed before expert "
-                        f"{key} was ready (cache state {None if state is None else state.value}, "
-                        f"pins {cache.refcount(key)})"
-                    )
-                slot = cache.slot_of(key)
-                content = self._slots.get(slot)
+            slots = cache.pinned_slots(job.keys)  # one call per job: this runs for every expert
+            if slots is None:
+                for key in job.keys:
+                    if not cache.is_resident(key) or cache.refcount(key) < 1:
+                        state = cache.state(key)
+                        raise BrokenPromise(
+                            f"request {job.request}'s job at layer {job.layer} was computed before expert "
+                            f"{key} was ready (cache state {None if state is None else state.value}, "
+                            f"pins {cache.refcount(key)})"
+                        )
+                raise AssertionError("unreachable")
+            for key, slot in zip(job.keys, slots, strict=True):
+                content = contents.get(slot)
                 if content is not None and content != (key, True):
                     raise BrokenPromise(
                         f"request {job.request}'s job at layer {job.layer} was computed with slot {slot} "

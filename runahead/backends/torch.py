@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
-from runahead.sampling import Sampler, SamplingParams
+from runahead.sampling import Sampler, SamplingParams, StepLogprobs, TokenLogprob, token_logprobs
 
 
 @dataclass(slots=True)
@@ -50,6 +50,8 @@ class _RequestState:
     accumulated: torch.Tensor | None = None  # the MoE sum of the waves computed so far
     routing: list[list[int]] | None = None  # ``ids`` read back to the host, one row per token
     logits: list[torch.Tensor] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
+    token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
 
 
 class TorchBackend:
@@ -153,6 +155,16 @@ class TorchBackend:
 
     def close_request(self, request: int) -> None:
         self._requests.pop(request, None)
+
+    def take_logprobs(self, request: int) -> StepLogprobs | None:
+        """What was scored for an open request since the last call (with ``logprobs`` or
+        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
+        state = self._requests.get(request)
+        if state is None or (not state.prompt_logprobs and state.token_logprob is None):
+            return None
+        step = StepLogprobs(tuple(state.prompt_logprobs), state.token_logprob)
+        state.prompt_logprobs, state.token_logprob = [], None
+        return step
 
     def logits_of(self, request: int) -> list[torch.Tensor]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""
@@ -299,7 +311,9 @@ class TorchBackend:
         spans = _row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
             ends = self._to_device([stop - 1 for _, stop in spans])
-            return self._sample(kept, model.logits(hidden[ends]), readback)
+            scored = self._score_prompts(kept, spans, hidden, readback)
+            sampled = self._sample(kept, model.logits(hidden[ends]), readback)
+            return lambda: (scored(), sampled())[1]
         following = layer + 1
         segments = [(state.cache, state.position, job.num_tokens) for job, state in kept]
         hidden = model.attention(following, hidden, segments)
@@ -333,6 +347,31 @@ class TorchBackend:
         assert state.last_token is not None
         return [state.last_token]
 
+    def _score_prompts(
+        self,
+        kept: list[tuple[Job, _RequestState]],
+        spans: list[tuple[int, int]],
+        hidden: torch.Tensor,
+        readback: _Readback,
+    ) -> Callable[[], None]:
+        """For requests with ``prompt_logprobs``: the rows of a prompt chunk predict the prompt's next
+        tokens, so their log-softmax scores every prompt token after the first."""
+        pending = []
+        for (job, state), (start, _) in zip(kept, spans, strict=True):
+            top = state.sampler.params.prompt_logprobs
+            if not job.prefill or top is None:
+                continue
+            targets = state.spec.prompt[state.position + 1 : state.position + job.num_tokens + 1]
+            if targets:
+                logits = self.model.logits(hidden[start : start + len(targets)]).float()
+                pending.append((state, targets, readback.add(torch.log_softmax(logits, dim=-1)), top))
+
+        def store() -> None:
+            for state, targets, logprobs, top in pending:
+                state.prompt_logprobs += token_logprobs(logprobs, targets, top)
+
+        return store
+
     def _sample(
         self, kept: list[tuple[Job, _RequestState]], logits: torch.Tensor, readback: _Readback
     ) -> Callable[[], list[JobResult]]:
@@ -343,7 +382,13 @@ class TorchBackend:
             for job, state in kept
         ]  # a prompt chunk before the last has nothing to sample
         rows = logits.float()
-        tokens = host = None
+        tokens = host = scores = None
+        scoring = [
+            s and state.sampler.params.logprobs is not None
+            for s, (_, state) in zip(sampled, kept, strict=True)
+        ]
+        if any(scoring):
+            scores = readback.add(torch.log_softmax(rows, dim=-1))
         if any(sampled):
             greedy = all(state.sampler.params.greedy for _, state in kept)
             if self._cuda:
@@ -367,6 +412,10 @@ class TorchBackend:
                 else:
                     assert host is not None
                     state.last_token = state.sampler.sample(host[row])
+                top = state.sampler.params.logprobs
+                if top is not None:
+                    assert scores is not None
+                    (state.token_logprob,) = token_logprobs(scores[row : row + 1], [state.last_token], top)
                 out.append(JobResult(job, token=state.last_token))
             return out
 

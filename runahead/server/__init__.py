@@ -5,7 +5,8 @@
     asyncio.run(serve("path/to/model", port=8000, device="cuda", cache_fraction=0.3))
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(both with ``stream``), ``GET /metrics`` (Prometheus text). The server imports the engine; the
+(both with ``stream``), ``GET /metrics`` (Prometheus text), ``GET /openapi.json``. The server
+imports the engine; the
 engine never imports the server.
 """
 
@@ -17,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from runahead.server.app import create_app
+from runahead.server.config import ServerConfig
 from runahead.server.logs import configure_logging
 
 if TYPE_CHECKING:
     import uvicorn
     from starlette.types import ASGIApp
 
-__all__ = ["EngineStopped", "build_server", "configure_logging", "create_app", "serve"]
+__all__ = ["EngineStopped", "ServerConfig", "build_server", "configure_logging", "create_app", "serve"]
 
 log = structlog.get_logger("runahead.server")
 
@@ -61,11 +63,13 @@ async def serve(
     model_name: str | None = None,
     log_json: bool = False,
     log_level: str = "info",
+    config: ServerConfig | None = None,
     **engine_options: Any,
 ) -> None:
     """Open the model, serve it until uvicorn is told to stop (SIGINT/SIGTERM), then close it.
 
     ``model_name`` (default: the folder's name) is what clients pass as ``model``;
+    ``config`` says what the server enforces (API key, body size, time limit);
     ``engine_options`` go to :meth:`Engine.open` (``device``, ``cache_fraction``, ``policy``, ...).
     Should the engine stop by itself, the server shuts down and :class:`EngineStopped` says why
     (``runahead serve`` then exits non-zero, so a supervisor can restart it).
@@ -79,7 +83,7 @@ async def serve(
     watcher: asyncio.Task[None] | None = None
     try:
         name = model_name or Path(model_path).resolve().name
-        app = create_app(engine, name, close_engine=True)
+        app = create_app(engine, name, close_engine=True, config=config)
         server = build_server(app, host=host, port=port, log_level=log_level)
 
         async def stop_if_the_engine_fails() -> None:

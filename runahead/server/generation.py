@@ -7,32 +7,24 @@ pins and KV cache at once.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
 
 from runahead.server.errors import APIError
-from runahead.server.protocol import GenerationRequest
-from runahead.server.responses import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
-    FinishReason,
-    Usage,
-)
+from runahead.server.protocol import Choice, GenerationRequest
+from runahead.server.responses import Usage
+from runahead.server.shapes import Answer, Delta, ResponseShape, Scored
 
 if TYPE_CHECKING:
-    from runahead.engine import Chunk, Engine
+    from runahead.engine import Chunk, Engine, Generation
+    from runahead.sampling import TokenLogprob
+
+T = TypeVar("T")
 
 log = structlog.get_logger("runahead.server")
 
@@ -73,15 +65,6 @@ class StopMatcher:
         return longest
 
 
-@dataclass(frozen=True, slots=True)
-class Delta:
-    """New text for the client; ``finish_reason`` is set on the last one."""
-
-    text: str
-    completion_tokens: int
-    finish_reason: str | None = None
-
-
 @dataclass(slots=True)
 class Tally:
     """Token counts of one request, read by the access log and the metrics when it ends."""
@@ -97,22 +80,27 @@ class Tally:
         )
 
 
-async def deltas(engine: Engine, request: GenerationRequest, tally: Tally) -> AsyncIterator[Delta]:
-    """The request's text as it is generated, cut at a stop string; the engine's iterator is closed."""
+async def deltas(
+    engine: Engine, request: GenerationRequest, choice: Choice, generation: Generation, tally: Tally
+) -> AsyncIterator[Delta]:
+    """One answer's text as it is generated, cut at a stop string, with its tokens' logprobs when
+    asked (and the prompt first with ``echo``); the generation is closed (cancelled) when it stops."""
     matcher = StopMatcher(request.stop)
-    chunks = cast("AsyncGenerator[Chunk, None]", engine.generate(request.prompt_ids, request.params))
+    chunks = cast("AsyncGenerator[Chunk, None]", aiter(generation))
     try:
         async for chunk in chunks:
-            tally.completion_tokens = chunk.index + 1
+            tally.completion_tokens += 1
+            echo = choice.prompt_text if request.echo and chunk.index == 0 else ""
+            scored = _scored(engine, request, choice, chunk)
             text, stopped = matcher.feed(chunk.text)
             if stopped:
-                yield Delta(text, tally.completion_tokens, "stop")
+                yield Delta(choice.index, echo + text, scored, "stop")
                 return
             if chunk.finish_reason is not None:
-                yield Delta(text + matcher.flush(), tally.completion_tokens, chunk.finish_reason)
+                yield Delta(choice.index, echo + text + matcher.flush(), scored, chunk.finish_reason)
                 return
-            if text:
-                yield Delta(text, tally.completion_tokens)
+            if echo or text or scored:
+                yield Delta(choice.index, echo + text, scored)
     finally:
         await chunks.aclose()
     raise APIError(
@@ -123,18 +111,106 @@ async def deltas(engine: Engine, request: GenerationRequest, tally: Tally) -> As
     )
 
 
-async def collect(engine: Engine, request: GenerationRequest, tally: Tally) -> tuple[str, str]:
-    """Run a request to its end; return its text and finish reason."""
+def _scored(engine: Engine, request: GenerationRequest, choice: Choice, chunk: Chunk) -> tuple[Scored, ...]:
+    """The logprobs a chunk brings, as text: the prompt's (with ``echo``, on the first), then its token's."""
+    if request.logprobs is None:
+        return ()
+    entries: list[Scored] = []
+    if request.echo and chunk.index == 0:
+        entries.append(Scored(engine.token_text(choice.prompt_ids[0]), None, None))
+        entries += [_score(engine, entry) for entry in chunk.prompt_logprobs]
+    if chunk.logprob is not None:
+        entries.append(_score(engine, chunk.logprob))
+    return tuple(entries)
+
+
+def _score(engine: Engine, entry: TokenLogprob) -> Scored:
+    top = tuple((engine.token_text(token), value) for token, value in entry.top)
+    return Scored(engine.token_text(entry.token), entry.logprob, top)
+
+
+async def collect(
+    engine: Engine, request: GenerationRequest, choice: Choice, generation: Generation, tally: Tally
+) -> Answer:
+    """Run one answer to its end: its text, finish reason and logprobs."""
     parts: list[str] = []
+    scored: list[Scored] = []
     reason = "length"
-    stream = cast("AsyncGenerator[Delta, None]", deltas(engine, request, tally))
+    stream = cast("AsyncGenerator[Delta, None]", deltas(engine, request, choice, generation, tally))
     try:
         async for delta in stream:
             parts.append(delta.text)
+            scored += delta.scored
             reason = delta.finish_reason or reason
     finally:
         await stream.aclose()
-    return "".join(parts), reason
+    return Answer(choice.index, "".join(parts), reason, tuple(scored))
+
+
+async def collect_all(
+    engine: Engine,
+    request: GenerationRequest,
+    generations: Sequence[Generation],
+    tally: Tally,
+    timeout_s: float | None = None,
+) -> list[Answer]:
+    """Every answer of a request, run at once; the first error (or ``timeout_s`` passing: 504)
+    cancels the others."""
+    pairs = zip(request.choices, generations, strict=True)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await all_or_none([collect(engine, request, c, g, tally) for c, g in pairs])
+    except TimeoutError:
+        raise timed_out(timeout_s) from None
+
+
+def timed_out(timeout_s: float | None) -> APIError:
+    """The error of a request that ran past the server's time limit."""
+    return APIError(
+        f"the request ran past this server's time limit of {timeout_s:g} s and was cancelled",
+        status=504,
+        kind="server_error",
+        code="timeout",
+    )
+
+
+async def all_or_none(work: Sequence[Awaitable[T]]) -> list[T]:
+    """Await every item; if one fails (or this is cancelled), cancel the rest before raising."""
+    tasks = [asyncio.ensure_future(item) for item in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def merged(streams: Sequence[AsyncIterator[T]], timeout_s: float | None = None) -> AsyncIterator[T]:
+    """The items of several async iterators as each comes; ending this ends (and closes) them all.
+    Past ``timeout_s`` it raises the 504 of :func:`timed_out`."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    pending = {asyncio.ensure_future(anext(stream)): stream for stream in streams}
+    try:
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise timed_out(timeout_s)
+            for task in sorted(done, key=lambda t: streams.index(pending[t])):
+                stream = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(stream))] = stream
+                yield item
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await cast("AsyncGenerator[T, None]", stream).aclose()
 
 
 def sse(payload: dict[str, Any]) -> str:
@@ -143,13 +219,19 @@ def sse(payload: dict[str, Any]) -> str:
 
 
 async def sse_events(
-    engine: Engine, request: GenerationRequest, shape: ResponseShape, tally: Tally
+    engine: Engine,
+    request: GenerationRequest,
+    generations: Sequence[Generation],
+    shape: ResponseShape,
+    tally: Tally,
+    timeout_s: float | None = None,
 ) -> AsyncIterator[str]:
     """The streamed answer: OpenAI chunks as SSE events, then ``[DONE]``; errors become an event."""
     extra: dict[str, Any] = {"usage": None} if request.include_usage else {}
-    for payload in shape.opening():
+    for payload in shape.opening([choice.index for choice in request.choices]):
         yield sse(payload | extra)
-    stream = cast("AsyncGenerator[Delta, None]", deltas(engine, request, tally))
+    pairs = zip(request.choices, generations, strict=True)
+    stream = merged([deltas(engine, request, c, g, tally) for c, g in pairs], timeout_s)
     try:
         async for delta in stream:
             yield sse(shape.chunk(delta) | extra)
@@ -162,88 +244,5 @@ async def sse_events(
         if request.include_usage:
             yield sse(shape.usage_chunk(tally.usage()))
     finally:
-        await stream.aclose()
+        await cast("AsyncGenerator[Delta, None]", stream).aclose()
     yield DONE
-
-
-class ResponseShape:
-    """The id, timestamp and models of one answer; subclasses give each endpoint's fields."""
-
-    prefix = "cmpl"
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    def fields(self) -> dict[str, Any]:
-        """The fields every answer and chunk carries around its choices."""
-        return {"id": self.id, "created": self.created, "model": self.model}
-
-    def opening(self) -> list[dict[str, Any]]:
-        """Chunks sent before the first token."""
-        return []
-
-    def chunk(self, delta: Delta) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        """The last chunk of a stream with ``include_usage``: no choices, the usage."""
-        raise NotImplementedError
-
-    def response(self, text: str, finish_reason: str, tally: Tally) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class CompletionShape(ResponseShape):
-    """``/v1/completions``: choices carry ``text``."""
-
-    def chunk(self, delta: Delta) -> dict[str, Any]:
-        choice = CompletionChoice(
-            index=0, text=delta.text, logprobs=None, finish_reason=_reason(delta.finish_reason)
-        )
-        return Completion(**self.fields(), object="text_completion", choices=[choice]).dump()
-
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return Completion(**self.fields(), object="text_completion", choices=[], usage=usage).dump()
-
-    def response(self, text: str, finish_reason: str, tally: Tally) -> dict[str, Any]:
-        choice = CompletionChoice(index=0, text=text, logprobs=None, finish_reason=_reason(finish_reason))
-        return Completion(
-            **self.fields(), object="text_completion", choices=[choice], usage=tally.usage()
-        ).dump()
-
-
-class ChatShape(ResponseShape):
-    """``/v1/chat/completions``: a ``message`` whole, or ``delta`` chunks after a role chunk."""
-
-    prefix = "chatcmpl"
-
-    def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk(ChatDelta(role="assistant", content=""), None)]
-
-    def chunk(self, delta: Delta) -> dict[str, Any]:
-        return self._chunk(ChatDelta(content=delta.text) if delta.text else ChatDelta(), delta.finish_reason)
-
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return ChatCompletionChunk(
-            **self.fields(), object="chat.completion.chunk", choices=[], usage=usage
-        ).dump()
-
-    def _chunk(self, delta: ChatDelta, finish_reason: str | None) -> dict[str, Any]:
-        choice = ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=_reason(finish_reason))
-        return ChatCompletionChunk(**self.fields(), object="chat.completion.chunk", choices=[choice]).dump()
-
-    def response(self, text: str, finish_reason: str, tally: Tally) -> dict[str, Any]:
-        message = AssistantMessage(role="assistant", content=text)
-        choice = ChatChoice(index=0, message=message, logprobs=None, finish_reason=_reason(finish_reason))
-        return ChatCompletion(
-            **self.fields(), object="chat.completion", choices=[choice], usage=tally.usage()
-        ).dump()
-
-
-def _reason(reason: str | None) -> FinishReason | None:
-    """The engine's finish reason as OpenAI's (a cancelled request never gets this far)."""
-    if reason is None:
-        return None
-    return "stop" if reason == "stop" else "length"

@@ -16,7 +16,16 @@ from pydantic_core import ErrorDetails
 
 from runahead.sampling import SamplingParams
 from runahead.server.errors import APIError, invalid
-from runahead.server.schema import UNSUPPORTED, ChatMessage, ChatRequest, CompletionRequest, Sampling, show
+from runahead.server.schema import (
+    MAX_CHOICES,
+    SEED_RANGE,
+    UNSUPPORTED,
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    show,
+)
 
 if TYPE_CHECKING:
     from runahead.engine import Engine
@@ -40,14 +49,30 @@ _TYPES = {
 
 
 @dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """One checked request: the prompt's token ids, sampling, stop strings and how to answer."""
+class Choice:
+    """One answer of a request: its index, prompt (ids, and text for ``echo``) and sampling."""
 
+    index: int
     prompt_ids: list[int]
+    prompt_text: str
     params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One checked request: its answers (prompts times ``n``), stop strings and how to answer.
+
+    ``logprobs`` is how many alternatives to report per token (None: no logprobs); ``echo`` puts
+    each prompt (and, with ``logprobs``, its tokens' logprobs) before its answer.
+    """
+
+    choices: list[Choice]
+    prompt_tokens: int
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    logprobs: int | None = None
+    echo: bool = False
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -133,28 +158,47 @@ def _bounds(model: type[BaseModel], path: str) -> str:
 
 
 def completion_request(data: Mapping[str, Any], engine: Engine, eos: frozenset[int]) -> GenerationRequest:
-    """Check a ``/v1/completions`` body and encode its prompt."""
+    """Check a ``/v1/completions`` body and encode its prompts."""
     body = validate(CompletionRequest, data)
     _refuse_unsupported(data)
-    prompt = body.prompt
-    single = (
-        prompt[0] if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else prompt
-    )
-    ids = _encode(engine, single, "prompt")  # type: ignore[arg-type]
-    default = min(COMPLETION_MAX_TOKENS, max(1, engine.context_length - len(ids)))
-    return _generation(body, engine, ids, "prompt", default, eos, ("max_tokens", body.max_tokens))
+    n = body.n or 1
+    if body.best_of is not None and body.best_of != n:
+        raise invalid(
+            "best_of", f"best_of must equal n ({n}) on this server, got {body.best_of}", "unsupported"
+        )
+    prompts = body.prompts()
+    _check_choices(len(prompts), n)
+    encoded = [_encode(engine, prompt, "prompt") for prompt in prompts]
+    texts = [p if isinstance(p, str) else engine.decode(ids) for p, ids in zip(prompts, encoded, strict=True)]
+    default = min(COMPLETION_MAX_TOKENS, max(1, engine.context_length - max(map(len, encoded))))
+    asked = ("max_tokens", body.max_tokens or default)
+    logprobs = body.logprobs
+    echo = bool(body.echo)
+    prompt_logprobs = logprobs if echo else None
+    return _generation(body, engine, encoded, texts, "prompt", asked, eos, logprobs, prompt_logprobs, echo)
 
 
 def chat_request(data: Mapping[str, Any], engine: Engine, eos: frozenset[int]) -> GenerationRequest:
     """Check a ``/v1/chat/completions`` body and render its messages with the chat template."""
     body = validate(ChatRequest, data)
     _refuse_unsupported(data)
+    _check_choices(1, body.n or 1)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs", "top_logprobs needs logprobs set to true")
     ids = _render_chat(engine, body.messages)
     default = max(1, engine.context_length - len(ids))
     asked = ("max_completion_tokens", body.max_completion_tokens)
     if body.max_completion_tokens is None:
-        asked = ("max_tokens", body.max_tokens)
-    return _generation(body, engine, ids, "messages", default, eos, asked)
+        asked = ("max_tokens", body.max_tokens or default)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return _generation(body, engine, [ids], [""], "messages", asked, eos, logprobs, None, False)
+
+
+def _check_choices(prompts: int, n: int) -> None:
+    if prompts * n > MAX_CHOICES:
+        raise invalid(
+            "n", f"{prompts} prompts times n={n} asks for {prompts * n} answers; at most {MAX_CHOICES}"
+        )
 
 
 # -- shared fields ---------------------------------------------------------------------------------
@@ -163,43 +207,64 @@ def chat_request(data: Mapping[str, Any], engine: Engine, eos: frozenset[int]) -
 def _generation(
     body: Sampling,
     engine: Engine,
-    ids: list[int],
+    prompts: list[list[int]],
+    texts: list[str],
     prompt_field: str,
-    default_max_tokens: int,
-    eos: frozenset[int],
     asked: tuple[str, int | None],
+    eos: frozenset[int],
+    logprobs: int | None,
+    prompt_logprobs: int | None,
+    echo: bool,
 ) -> GenerationRequest:
-    """The engine's request; ``asked`` is the max-tokens field the client used and its value."""
+    """The engine's requests; ``asked`` is the max-tokens field the client used and its value."""
     context = engine.context_length
-    if len(ids) >= context:
-        raise invalid(
-            prompt_field,
-            f"the prompt has {len(ids)} tokens, but the model's context is {context} tokens "
-            "(and at least one must be left to generate)",
-            "context_length_exceeded",
-        )
-    name, max_tokens = asked[0], asked[1] or default_max_tokens
-    if len(ids) + max_tokens > context:
-        raise invalid(
-            name,
-            f"{name} {max_tokens} plus the prompt's {len(ids)} tokens exceeds the model's context of "
-            f"{context} tokens; ask for at most {context - len(ids)}",
-            "context_length_exceeded",
-        )
-    params = SamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        seed=body.seed,
-        stop_token_ids=eos,
-    )
+    name, max_tokens = asked
+    assert max_tokens is not None
+    for i, ids in enumerate(prompts):
+        where = prompt_field if len(prompts) == 1 else f"{prompt_field}[{i}]"
+        if len(ids) >= context:
+            raise invalid(
+                prompt_field,
+                f"the {where} has {len(ids)} tokens, but the model's context is {context} tokens "
+                "(and at least one must be left to generate)",
+                "context_length_exceeded",
+            )
+        if len(ids) + max_tokens > context:
+            raise invalid(
+                name,
+                f"{name} {max_tokens} plus the {where}'s {len(ids)} tokens exceeds the model's context of "
+                f"{context} tokens; ask for at most {context - len(ids)}",
+                "context_length_exceeded",
+            )
     stream = bool(body.stream)
     if body.stream_options is not None and not stream:
         raise invalid("stream_options", "stream_options is only allowed when stream is true")
+    n = body.n or 1
+    choices = []
+    for p, (ids, text) in enumerate(zip(prompts, texts, strict=True)):
+        for j in range(n):
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=body.top_k or 0,
+                seed=_nth_seed(body.seed, j),
+                stop_token_ids=frozenset() if body.ignore_eos else eos,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
+            choices.append(Choice(p * n + j, ids, text, params))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return GenerationRequest(ids, params, stop, stream, include_usage)
+    total = sum(map(len, prompts))
+    return GenerationRequest(choices, total, stop, stream, include_usage, logprobs, echo)
+
+
+def _nth_seed(seed: int | None, n: int) -> int | None:
+    """The seed of answer ``n``: ``seed + n`` (``seed - n`` at the top of the range)."""
+    if seed is None:
+        return None
+    return seed + n if seed + n <= SEED_RANGE[1] else seed - n
 
 
 def _refuse_unsupported(data: Mapping[str, Any]) -> None:

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runahead.sampling import MAX_LOGPROBS
+
 MAX_STOP_STRINGS = 4
 """OpenAI's limit on ``stop``."""
 
@@ -23,13 +25,11 @@ SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
+MAX_CHOICES = 64
+"""The most answers one request may ask for: prompts times ``n``."""
+
 # Parameters this server does not implement, and the values that mean "not used".
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
-    "best_of": (1,),
-    "echo": (False,),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
     "suffix": ("",),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
@@ -82,10 +82,13 @@ class Sampling(Body):
     )
     stream: bool | None = Field(None, description="Answer as server-sent events.")
     stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = Field(
+        None, description="Go on past the end-of-sequence token (vLLM's extension; for benchmarks)."
+    )
     user: str | None = None
-    n: Any = Field(None, description="Not supported: only 1.")
-    logprobs: Any = Field(None, description="Not supported: only false or 0.")
-    top_logprobs: Any = Field(None, description="Not supported: only 0.")
+    n: Annotated[int | None, Field(ge=1, le=MAX_CHOICES)] = Field(
+        None, description="Answers per prompt; with `seed`, answer i samples with seed + i."
+    )
     presence_penalty: Any = Field(None, description="Not supported: only 0.")
     frequency_penalty: Any = Field(None, description="Not supported: only 0.")
     logit_bias: Any = Field(None, description="Not supported: only {}.")
@@ -109,24 +112,34 @@ class CompletionRequest(Sampling):
     """``POST /v1/completions``."""
 
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
-        description="A string or a list of token ids (or a list holding one of those)."
+        description="A string or a list of token ids, or a list of those (one answer each, in order)."
     )
-    echo: Any = Field(None, description="Not supported: only false.")
-    best_of: Any = Field(None, description="Not supported: only 1.")
+    echo: bool | None = Field(None, description="Put the prompt before the answer (and its logprobs).")
+    logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = Field(
+        None, description="Report each token's logprob and this many likeliest alternatives."
+    )
+    best_of: Annotated[int | None, Field(ge=1)] = Field(None, description="Only n (or unset) is supported.")
     suffix: Any = Field(None, description='Not supported: only "".')
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt(cls, prompt: Any) -> Any:
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-            if len(prompt) != 1:
-                raise ValueError(f"this server takes one prompt per request, got {len(prompt)}")
-            inner = prompt[0]
-        else:
-            inner = prompt
-        if not isinstance(inner, str) and not _is_token_ids(inner):
-            raise ValueError(f"prompt must be a string or a list of token ids, got {show(prompt)}")
+        batch = isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt)
+        for one in prompt if batch else [prompt]:
+            if not isinstance(one, str) and not _is_token_ids(one):
+                raise ValueError(
+                    f"prompt must be a string or a list of token ids, or a list of those; got {show(prompt)}"
+                )
+        if batch and len(prompt) > MAX_CHOICES:
+            raise ValueError(f"prompt takes at most {MAX_CHOICES} prompts, got {len(prompt)}")
         return prompt
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, in order."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            return list(prompt)
+        return [prompt]  # type: ignore[list-item]
 
 
 class TextPart(Body):
@@ -162,6 +175,10 @@ class ChatRequest(Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int | None, Field(ge=1)] = Field(
         None, description="The newer name of max_tokens; wins when both are given."
+    )
+    logprobs: bool | None = Field(None, description="Report each generated token's logprob.")
+    top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_LOGPROBS)] = Field(
+        None, description="With logprobs: this many likeliest alternatives per token."
     )
     tools: Any = Field(None, description="Not supported: only [].")
     functions: Any = Field(None, description="Not supported: only [].")

@@ -1,0 +1,84 @@
+"""The runtime's own cost: its CPU time charged to virtual time, and split per job, group and read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from runahead.bench import BenchPoint, fit_overhead, run_point
+from runahead.clock import VirtualTimeLoop, run_virtual
+
+
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+async def _sleep_while_burning(sleep_s: float, burn_s: float) -> tuple[float, float]:
+    """Sleep ``sleep_s`` of loop time in a task while the caller burns ``burn_s`` of CPU."""
+    loop = asyncio.get_running_loop()
+    sleeper = asyncio.create_task(asyncio.sleep(sleep_s))
+    await asyncio.sleep(0)
+    _burn(burn_s)
+    await asyncio.sleep(0)
+    after_burn = loop.time()
+    await sleeper
+    return after_burn, loop.time()
+
+
+def test_charged_cpu_time_advances_the_virtual_clock_and_overlaps_waits() -> None:
+    after_burn, end = run_virtual(lambda: _sleep_while_burning(1.0, 0.05), charge_cpu=True)
+    assert 0.05 <= after_burn < 0.5  # the burn took virtual time
+    assert 1.0 <= end < 1.01  # ... while the sleep ran, not after it
+    after_burn, end = run_virtual(lambda: _sleep_while_burning(0.01, 0.05), charge_cpu=True)
+    assert end >= 0.05  # a wait shorter than the CPU work ends when the work does
+
+
+def test_uncharged_virtual_time_ignores_cpu_time() -> None:
+    after_burn, end = run_virtual(lambda: _sleep_while_burning(1.0, 0.05))
+    assert after_burn == 0.0
+    assert end == 1.0
+
+
+def test_charged_loop_reports_what_it_charged() -> None:
+    loop = VirtualTimeLoop(charge_cpu=True)
+    try:
+        loop.run_until_complete(_sleep_while_burning(0.0, 0.02))
+        assert loop.charged_s >= 0.02
+    finally:
+        loop.close()
+
+
+def test_fit_recovers_per_job_group_and_read_costs() -> None:
+    job, group, read = 4e-6, 30e-6, 12e-6
+    shapes = [(5000, 600, 800), (5000, 1200, 800), (5000, 600, 4000), (10000, 700, 9000)]
+    rows = [
+        {"jobs": j, "groups_run": g, "reads": r, "cpu_s": j * job + g * group + r * read}
+        for j, g, r in shapes
+    ]
+    fit = fit_overhead(rows)
+    assert fit is not None
+    assert fit["us_per_job"] == pytest.approx(4.0)
+    assert fit["us_per_group"] == pytest.approx(30.0)
+    assert fit["us_per_read"] == pytest.approx(12.0)
+    assert fit["max_error"] < 1e-9
+    assert fit_overhead(rows[:2]) is None  # three unknowns need three rows
+
+
+def test_bench_rows_report_overhead_per_job_group_and_read() -> None:
+    point = BenchPoint("qwen3.6-35b-a3b", "thor", "runahead", 2, 0.3, 2, warmup_steps=1, zero_cost=True)
+    row = run_point(point)
+    assert row["groups_run"] > 0 and row["reads"] > 0 and row["jobs"] >= row["groups_run"]
+    assert row["overhead_us_per_job"] == pytest.approx(row["cpu_s"] / row["jobs"] * 1e6)
+    assert row["overhead_us_per_group"] == pytest.approx(row["cpu_s"] / row["groups_run"] * 1e6)
+    assert row["overhead_us_per_read"] == pytest.approx(row["cpu_s"] / row["reads"] * 1e6)
+
+
+def test_charging_overhead_slows_the_simulated_run_down() -> None:
+    plain = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1)
+    charged = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1, charge_overhead=True)
+    base, slowed = run_point(plain), run_point(charged)
+    assert slowed["makespan_s"] > base["makespan_s"]
