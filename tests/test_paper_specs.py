@@ -7,13 +7,18 @@ one the sim models: the same layers, experts, widths and heads, and the same lay
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runahead.models import get_architecture
 from runahead.models.base import MoEConfig
+from runahead.models.loader import read_headers, weight_files
 from runahead.specs import load_model_spec
+
+from modelhelpers import build_tiny_model
 
 QWEN36: dict[str, Any] = {  # Qwen/Qwen3.6-35B-A3B, text_config
     "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40, "num_experts": 256,
@@ -79,3 +84,42 @@ def test_qwen36_recurrent_state_is_the_specs_size() -> None:
     conv = la.conv_channels * (la.conv_kernel - 1) * 4
     recurrent = la.value_heads * la.key_dim * la.value_dim * 4  # float32, as the runtime keeps it
     assert conv + recurrent == load_model_spec("qwen3.6-35b-a3b").linear_state_bytes
+
+
+@pytest.mark.parametrize(("arch", "interval", "window"), [("gemma4", 2, 5), ("gpt_oss", 2, 4)])
+def test_sim_spec_from_a_model_folder(arch: str, interval: int, window: int, tmp_path: Path) -> None:
+    folder = build_tiny_model(arch, tmp_path / arch)
+    spec = load_model_spec(folder)
+    assert (spec.full_attention_interval, spec.sliding_window, spec.linear_state_bytes) == (
+        interval,
+        window,
+        0,
+    )
+    infos = read_headers(weight_files(folder))
+    stored = sum(math.prod(info.shape) for info in infos.values())
+    assert abs(spec.total_params - stored) / stored < 0.02  # the final norm and gpt-oss's expert biases aside
+    assert spec.bits_per_weight == 32.0  # the tiny models are saved in float32
+
+
+def test_sim_spec_from_a_qwen36_folder_has_its_recurrent_state(tmp_path: Path) -> None:
+    layers = ["linear_attention"] * 3 + ["full_attention"]
+    folder = build_tiny_model("qwen3_5_moe", tmp_path / "q", layer_types=layers)
+    spec = load_model_spec(folder)
+    assert spec.full_attention_interval == 4 and spec.sliding_window == 0
+    assert spec.linear_state_bytes == 4 * (4 * 8 * 12 + (2 * 2 * 8 + 4 * 12) * 2)  # recurrent + conv tail
+    with pytest.raises(ValueError, match="is not one the sim models"):
+        load_model_spec(
+            build_tiny_model("qwen3_5_moe", tmp_path / "irregular")
+        )  # linear, full, linear, linear
+
+
+def test_sim_bench_runs_on_a_model_folder(tmp_path: Path) -> None:
+    from runahead.cli import main
+
+    folder = build_tiny_model("gpt_oss", tmp_path / "m")
+    argv = ["bench", "--backend", "sim", "--model", str(folder), "--policy", "sync,runahead"]
+    assert main([*argv, "--concurrency", "2", "--steps", "4", "--out", str(tmp_path / "out"), "--quiet"]) in (
+        0,
+        None,
+    )
+    assert (tmp_path / "out" / "results.jsonl").read_text().count("\n") == 2
