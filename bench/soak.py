@@ -25,6 +25,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,10 +50,12 @@ class SoakResult:
     rss_growth_after_warmup: float = 0.0
     final_active: float = -1.0
     final_pinned: float = -1.0
+    server_errors: int = 0  # tracebacks and error lines in the server's log
 
     def ok(self) -> bool:
         return (
             self.errors == 0
+            and self.server_errors == 0
             and self.mismatches == 0
             and self.completed > 0
             and self.final_active == 0
@@ -233,13 +236,15 @@ def run(
     port = free_port()
     command = [sys.executable, "-m", "runahead.cli", "serve", model, "--port", str(port)]
     command += ["--model-name", "soak", "--cache-fraction", str(cache_fraction), "--log-level", "warning"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed below) - a pipe nobody reads blocks the server
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
             if server.poll() is not None:
-                raise RuntimeError(f"the server exited: {server.stderr.read() if server.stderr else ''}")
+                log.seek(0)
+                raise RuntimeError(f"the server exited: {log.read()[-2000:]}")
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -248,8 +253,12 @@ def run(
             if time.monotonic() > deadline:
                 raise RuntimeError("the server did not start within 120 s")
             time.sleep(0.1)
-        return asyncio.run(soak(url, server.pid, minutes * 60, clients, drop, pool))
+        result = asyncio.run(soak(url, server.pid, minutes * 60, clients, drop, pool))
+        log.seek(0)
+        result.server_errors = sum("Traceback" in line or "[error" in line for line in log)
+        return result
     finally:
+        log.close()
         server.terminate()
         try:
             server.wait(30)

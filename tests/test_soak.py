@@ -34,4 +34,5 @@ def test_one_minute_soak(tmp_path: Path) -> None:
     assert result.mismatches == 0, result.error_samples
     assert result.completed >= 50 and result.dropped >= 5
     assert result.final_active == 0 and result.final_pinned == 0
+    assert result.server_errors == 0  # no traceback in the server's log (a client leaving is no error)
     assert result.rss_growth_after_warmup < 0.05, result.rss_mib

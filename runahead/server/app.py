@@ -16,7 +16,7 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -87,7 +87,11 @@ class OpenAIRoutes:
         return await self._generate(request, protocol.chat_request, ChatShape)
 
     async def _generate(self, request: Request, parse: Parser, kind: type[ResponseShape]) -> Response:
-        data = protocol.parse_body(await read_body(request, self.config.max_body_bytes))
+        try:
+            body = await read_body(request, self.config.max_body_bytes)
+        except ClientDisconnect:  # the client left before its request arrived: nothing to answer
+            return Response(status_code=CLIENT_CLOSED)
+        data = protocol.parse_body(body)
         protocol.check_model(data, self.model_name)
         job = parse(data, self.engine, self.eos)
         shape = kind(self.model_name, logprobs=job.logprobs is not None)
