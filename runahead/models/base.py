@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from runahead.models.layout import SlotFormat
 from runahead.models.state import KVLayer, LayerState, RequestState
 
 Segment = tuple[RequestState, int, int]
@@ -249,6 +250,9 @@ class MoEModel:
         inv_freq = 1.0 / (config.rope_theta ** (dims / rotary))
         self.inv_freq = inv_freq / config.rope_scaling_factor
         self.rope_attention_factor = 1.0
+        self.slot_formats: Mapping[int, SlotFormat] | None = None
+        """Per layer, how a stored slot holds its experts (GGUF; set by the loader), or None when
+        slots hold experts in the compute dtype. See :meth:`expert_weights`."""
 
     # --- what an architecture supplies -------------------------------------------------------
 
@@ -505,9 +509,22 @@ class MoEModel:
             routing = rows_per_expert(ids, experts)
         for expert in sorted(routing):
             rows, kpos = routing[expert]
-            y = self.run_expert(experts[expert].to(x.dtype), x[rows]) * weights[rows, kpos, None]
+            slot = self.expert_weights(layer, experts[expert], x.dtype)
+            y = self.run_expert(slot, x[rows]) * weights[rows, kpos, None]
             out.index_add_(0, rows, y)
         return out
+
+    def expert_weights(self, layer: int, slot: Tensor, dtype: torch.dtype) -> Tensor:
+        """Cache slot ``slot`` of ``layer`` as :meth:`run_expert` reads it: the flat slot in ``dtype``.
+
+        A compute-dtype slot is only cast; a stored slot (``slot_formats``: Q4_0, Q8_0, ...) is
+        dequantized on its device into a temporary that lives only while the group uses it.
+        """
+        if self.slot_formats is None:
+            return slot.to(dtype)
+        from runahead.models.quant import dequantize_slot
+
+        return dequantize_slot(slot, self.slot_formats[layer], dtype)
 
     def run_expert(self, slot: Tensor, x: Tensor) -> Tensor:
         """One routed expert held in cache slot ``slot`` (the format of :mod:`.layout`) on rows ``x``."""
