@@ -179,6 +179,9 @@ def main() -> None:
         "| --- | --- | --- | ---: | ---: | ---: |",
     ]
     for r in rows(work / "exactness.jsonl"):
+        if "skipped" in r:
+            lines.append(f"| {r['arch']} | - | skipped: {r['skipped'][:80]} | | | |")
+            continue
         lines.append(
             f"| {r['arch']} | {r['dtype']} | {'yes' if r['tokens_equal'] else 'no'} | "
             f"{r['first_divergence'] if r['first_divergence'] is not None else '-'} | "

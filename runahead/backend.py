@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from runahead.jobs import ExpertKey, Group, JobResult, RequestSpec
+from runahead.sampling import StepLogprobs
 
 if TYPE_CHECKING:
     from runahead.cache import ExpertCache
@@ -62,6 +63,18 @@ class CacheWatcher(Protocol):
     """
 
     def watch(self, cache: ExpertCache) -> None: ...
+
+
+@runtime_checkable
+class TokenScorer(Protocol):
+    """A backend that reports log-probabilities (the torch backend does) for requests whose
+    sampling asks (``SamplingParams.logprobs`` / ``prompt_logprobs``).
+
+    The runtime calls :meth:`take_logprobs` as it delivers each token of such a request, while the
+    request is still open; the backend hands over what it scored since the last call.
+    """
+
+    def take_logprobs(self, request: int) -> StepLogprobs | None: ...
 
 
 BUILTIN_BACKENDS = {"sim": "runahead.backends.sim", "torch": "runahead.backends.torch"}

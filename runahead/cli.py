@@ -26,6 +26,7 @@ MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand; every option has a help line (with its default, where it has one)."""
     from runahead import __version__
+    from runahead.engine import DEFAULT_MAX_WAITING
 
     common = a.Parser(add_help=False)
     common.add_argument("--log-json", action="store_true", help="log lines as JSON objects (one per line)")
@@ -85,6 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=a.integer(1),
         default=8 << 20,
         help="larger request bodies get 413 (default: 8 MiB)",
+    )
+    serve.add_argument(
+        "--max-waiting",
+        type=a.integer(0),
+        default=DEFAULT_MAX_WAITING,
+        help="requests that may wait beyond the running ones; more get 429 with Retry-After",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=a.number(0.0, open_low=True),
+        default=None,
+        help="seconds a request may run before it is cancelled with 504 (default: no limit)",
     )
     gen = command("generate", help="generate with a real model (torch backend)")
     gen.add_argument("model", help=MODEL_HELP)
@@ -285,7 +298,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from runahead.torchbench import resolve_model
 
     a.check_device(args.device)
-    config = ServerConfig(api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    config = ServerConfig(
+        api_key=args.api_key, max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout
+    )
     try:
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the signal after shutting down
             loops.run(
@@ -303,6 +318,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     policy=args.policy,
                     cache_fraction=args.cache_fraction,
                     store=args.store,
+                    max_waiting=args.max_waiting,
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit

@@ -49,7 +49,8 @@ class SimulationStalled(RuntimeError):
 
 
 class _VirtualSelector(selectors.DefaultSelector):
-    """Polls real I/O without waiting; a wait for ``timeout`` advances the virtual clock instead.
+    """A wait for ``timeout`` advances the virtual clock instead; real I/O is polled (without
+    waiting) only when nothing at all is scheduled, just before declaring the run stalled.
 
     With ``charge_cpu``, every poll first advances the clock by the CPU time this thread spent
     since the previous poll (the callbacks the loop just ran), so the runtime's own work takes
@@ -66,20 +67,20 @@ class _VirtualSelector(selectors.DefaultSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         charged = self._charge() if self.charge_cpu else 0
-        if timeout == 0:
-            return []  # callbacks are ready: poll real I/O only when the clock would move
-        ready = super().select(0)
+        if timeout is not None:
+            # Nothing in a simulation waits on real I/O (a thread's call_soon_threadsafe queues its
+            # callback before it writes the wake-up pipe), so the clock moves without a syscall,
+            # rounded up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
+            wait = 0 if timeout == 0 else max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
+            self.ticks += max(0, wait - charged)  # time already charged counts towards the wait
+            return []
+        ready = super().select(0)  # about to stall: real I/O is the last thing that could happen
         if ready:
             return ready
-        if timeout is None:
-            raise SimulationStalled(
-                "every task is waiting and nothing is scheduled: the simulated run can never finish "
-                "(a deadlock, or a wait on something that is not simulated)"
-            )
-        # Round up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
-        wait = max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
-        self.ticks += max(0, wait - charged)  # time already charged counts towards the wait
-        return ready
+        raise SimulationStalled(
+            "every task is waiting and nothing is scheduled: the simulated run can never finish "
+            "(a deadlock, or a wait on something that is not simulated)"
+        )
 
     def _charge(self) -> int:
         """Advance the clock by the CPU time spent since the previous poll; return the ticks added."""

@@ -12,6 +12,10 @@ interleave (continuous batching: requests join and leave at any time, prompts ar
 chunks between other requests' tokens). Cancelling the consuming task cancels the request, which
 releases its cache pins and KV cache at once. The engine imports no HTTP.
 
+Admission is bounded: beyond the requests the runtime runs at once (its deadlock rule), at most
+``max_waiting`` wait; :meth:`Engine.submit` refuses more with :class:`EngineOverloaded` at once,
+before anything is queued, so a server can answer 429 instead of letting a queue grow.
+
 The runtime runs in a task of its own. A failed expert read or group compute fails only the
 requests that needed it (their ``generate`` raises :class:`RequestFailed` naming the expert and
 the file); :meth:`Engine.health` says ``degraded`` meanwhile. Should the runtime stop (an error it
@@ -32,8 +36,15 @@ from typing import Any
 
 from runahead.health import RequestFailed
 from runahead.jobs import RequestSpec
-from runahead.runtime import Runtime, RuntimeConfig
+from runahead.runtime import RequestHandle, Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams, TokenLogprob
+
+DEFAULT_MAX_WAITING = 128
+"""Requests that may wait for admission beyond the running ones (TGI's default bound is 128 too)."""
+
+
+class EngineOverloaded(RuntimeError):
+    """Too many requests already wait for admission; the caller should retry later."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +72,18 @@ class Completion:
 class Engine:
     """A model served by the runahead runtime. Build it with :meth:`open`."""
 
-    def __init__(self, runtime: Runtime, tokenizer: Any, *, context_length: int, vocab_size: int) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        tokenizer: Any,
+        *,
+        context_length: int,
+        vocab_size: int,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+    ) -> None:
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        self.max_waiting = max_waiting
         self.runtime = runtime
         self.tokenizer = tokenizer
         self.context_length = context_length
@@ -89,6 +111,7 @@ class Engine:
         keep_records: bool = False,
         batch_invariant: bool = False,
         dtype: str = "auto",
+        max_waiting: int = DEFAULT_MAX_WAITING,
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
@@ -96,7 +119,10 @@ class Engine:
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with.
         ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA, float32 on CPU).
+        ``max_waiting``: requests that may wait beyond the running ones (:meth:`submit`).
         """
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         if backend != "torch":
             raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
         from runahead.extras import needs_extras
@@ -134,6 +160,7 @@ class Engine:
             tokenizer,
             context_length=config.max_position_embeddings,
             vocab_size=config.vocab_size,
+            max_waiting=max_waiting,
         )
         await engine.start()
         return engine
@@ -240,10 +267,22 @@ class Engine:
                 f"context of {self.context_length} tokens"
             )
 
-    async def generate(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None
-    ) -> AsyncIterator[Chunk]:
-        """Stream one generation. Stopping the iteration (or cancelling its task) cancels it."""
+    @property
+    def capacity(self) -> int:
+        """Requests the engine holds at most: those the runtime runs at once plus ``max_waiting``."""
+        return self.runtime.max_active + self.max_waiting
+
+    def room(self) -> int:
+        """How many more requests :meth:`submit` takes now."""
+        return max(0, self.capacity - len(self.runtime.handles))
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Generation:
+        """Check one generation and queue it now, without waiting; iterate the result for its chunks.
+
+        Raises ``ValueError`` for a bad prompt (or one that does not fit the context with
+        ``max_tokens``), :class:`EngineOverloaded` when :attr:`capacity` requests are already held,
+        :class:`RequestFailed` when the engine is closed. Nothing is queued when it raises.
+        """
         if not self._running:
             raise RequestFailed(
                 "the engine is closed" if self.failure is None else f"the engine stopped: {self.failure!r}"
@@ -251,6 +290,11 @@ class Engine:
         params = params or SamplingParams()
         ids = self.encode(prompt)
         self._check(ids, params)
+        if not self.room():
+            raise EngineOverloaded(
+                f"{len(self.runtime.handles)} requests are running or waiting, the most this engine holds "
+                f"({self.runtime.max_active} running + max_waiting {self.max_waiting}); retry later"
+            )
         spec = RequestSpec(
             next(self._ids),
             params.max_tokens,
@@ -259,20 +303,19 @@ class Engine:
             stop_tokens=params.stop_token_ids,
         )
         (handle,) = self.runtime.submit(spec)
-        tokens: list[int] = []
-        shown = ""
+        return Generation(self, handle, params)
+
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Stream one generation (see :meth:`submit`). Stopping the iteration (or cancelling its
+        task) cancels it."""
+        generation = self.submit(prompt, params)
         try:
-            async for token, scored in handle.steps():
-                tokens.append(token)
-                text = self.decode(tokens)
-                new = text[len(shown) :] if not text.endswith("\ufffd") else ""
-                shown += new
-                last = len(tokens) == params.max_tokens or token in params.stop_token_ids
-                reason = ("stop" if token in params.stop_token_ids else "length") if last else None
-                logprob, scored_prompt = (scored.token, scored.prompt) if scored is not None else (None, ())
-                yield Chunk(token, new, len(tokens) - 1, reason, logprob, scored_prompt)
+            async for chunk in generation:
+                yield chunk
         finally:
-            handle.cancel()  # no-op once it finished
+            generation.cancel()
 
     async def complete(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> Completion:
         """Run one generation to its end and return it whole."""
@@ -299,4 +342,39 @@ class Engine:
             "cache_slots_pinned": runtime.cache.pinned_count(),
             "compute_busy_seconds": recorder.compute_seconds,
             "expert_read_seconds": recorder.read_seconds,
+            "reads_failed": runtime.health.reads_failed,
+            "reads_retried": runtime.health.reads_retried,
+            "groups_failed": runtime.health.groups_failed,
+            "requests_failed": runtime.health.requests_failed,
         }
+
+
+class Generation:
+    """A submitted generation (:meth:`Engine.submit`): iterate it once for its chunks; leaving the
+    iteration early, or :meth:`cancel`, cancels the request."""
+
+    def __init__(self, engine: Engine, handle: RequestHandle, params: SamplingParams) -> None:
+        self.engine = engine
+        self.handle = handle
+        self.params = params
+
+    def cancel(self) -> None:
+        """Cancel the request (its pins and KV cache are freed). Idempotent; no-op once it ended."""
+        self.handle.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        engine, params = self.engine, self.params
+        tokens: list[int] = []
+        shown = ""
+        try:
+            async for token, scored in self.handle.steps():
+                tokens.append(token)
+                text = engine.decode(tokens)
+                new = text[len(shown) :] if not text.endswith("\ufffd") else ""
+                shown += new
+                last = len(tokens) == params.max_tokens or token in params.stop_token_ids
+                reason = ("stop" if token in params.stop_token_ids else "length") if last else None
+                logprob, scored_prompt = (scored.token, scored.prompt) if scored is not None else (None, ())
+                yield Chunk(token, new, len(tokens) - 1, reason, logprob, scored_prompt)
+        finally:
+            self.cancel()  # no-op once it finished

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import Backend, CacheWatcher
+from runahead.backend import Backend, CacheWatcher, TokenScorer
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RequestFailed
@@ -142,6 +142,7 @@ class Runtime:
         self.config = config
         self.clock = clock or Clock()
         self.cache = ExpertCache(config.cache_slots, config.eviction)
+        self._scorer = backend if isinstance(backend, TokenScorer) else None
         if isinstance(backend, CacheWatcher):
             backend.watch(self.cache)
         self.recorder = Recorder(record_selections=config.record_selections, keep_records=config.keep_records)
@@ -292,8 +293,8 @@ class Runtime:
 
     def token(self, request: int, step: int, token: int, time: float) -> None:
         # the backend scored the token in the compute that sampled it; its request is still open
-        take = getattr(self.backend, "take_logprobs", None)
-        self.handles[request]._token(token, take(request) if take is not None else None)
+        scored = self._scorer.take_logprobs(request) if self._scorer is not None else None
+        self.handles[request]._token(token, scored)
 
     def finished(self, request: int, cancelled: bool = False, error: str | None = None) -> None:
         """A request ended: resolve its handle and forget it (the caller holds the handle).

@@ -186,6 +186,32 @@ def save_tiny_tokenizer(path: str | Path) -> None:
     fast.save_pretrained(str(path))
 
 
+def reference_greedy(
+    path: str | Path, prompts: Sequence[Sequence[int]], tokens: int, *, eos: int | None = None
+) -> list[list[int]]:
+    """``transformers``' own greedy continuation of each prompt: ``tokens`` new tokens (float32).
+
+    With ``eos`` a continuation stops after that token (as a server stopping at end-of-sequence
+    does); without, it runs the full length (as the runtime does without stop tokens).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    stop: dict[str, Any] = {"eos_token_id": eos} if eos is not None else {"min_new_tokens": tokens}
+    continuations = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)])
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False, **stop
+            )
+            continuation = out[0, len(prompt) :].tolist()
+            if eos is not None and eos in continuation:
+                continuation = continuation[: continuation.index(eos) + 1]
+            continuations.append(continuation)
+    return continuations
+
+
 def reference_logits(path: str | Path, tokens: Sequence[int]) -> torch.Tensor:
     """``transformers``' own float32 logits ``[len(tokens), vocab]`` for ``tokens`` as one sequence."""
     from transformers import AutoModelForCausalLM
@@ -300,6 +326,9 @@ def compare_with_transformers(
         return model.to(device).eval()
 
     same, exact = load(dtype), load(torch.float32)
+    # the runtime does not stop at EOS, so neither may the reference (min_new_tokens would instead
+    # forbid EOS, changing the argmax wherever the greedy choice is EOS)
+    same.generation_config.eos_token_id = None
     divergence: int | None = None
     logit_error = reference_error = 0.0
     ours_diffs, reference_diffs = [], []
@@ -307,9 +336,7 @@ def compare_with_transformers(
         ids = torch.tensor([prompt], device=device)
         with torch.no_grad():
             mask = torch.ones_like(ids)
-            out = same.generate(
-                ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
-            )
+            out = same.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False)
         theirs = out[0, len(prompt) :].tolist()
         differ = [t for t, (a, b) in enumerate(zip(ours[i], theirs, strict=True)) if a != b]
         if differ and (divergence is None or differ[0] < divergence):

@@ -24,7 +24,7 @@ from runahead.jobs import RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
-from modelhelpers import build_tiny_model
+from modelhelpers import build_tiny_model, reference_greedy
 
 PROMPTS = [(5, 17, 42), (9, 3), (100, 2, 7, 7), (33,)]
 TOKENS = 10
@@ -34,22 +34,7 @@ EXPERTS = 16
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int]]]:
     path = build_tiny_model("qwen3_moe", tmp_path_factory.mktemp("cancel"), num_experts=EXPERTS)
-    from transformers import AutoModelForCausalLM
-
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    expected = []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=TOKENS,
-                min_new_tokens=TOKENS,
-                do_sample=False,
-            )
-            expected.append(out[0, len(prompt) :].tolist())
-    return path, expected
+    return path, reference_greedy(path, PROMPTS, TOKENS)
 
 
 class GatedStore:

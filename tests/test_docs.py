@@ -14,7 +14,11 @@ as ``--out results/`` land there) with the model cache in a temporary folder:
   ``runahead`` lines must be accepted by the parser (``tests/test_paper.py`` runs the paper's
   figures in their tiny form);
 * install lines (``python3 -m venv``, ``pip install``) are checked, not run: the extras they name
-  must exist; ``python -m pytest`` is this suite itself.
+  must exist; ``python -m pytest`` is this suite itself;
+* ``docker`` lines are checked, not run (no Docker engine here): ``docker build`` names a Dockerfile
+  of ``docker/`` and only build arguments it declares, ``docker run`` an image built above in the same
+  file and ``runahead serve`` options after it, ``docker compose`` a compose file with that profile.
+  Leading ``NAME=value`` environment assignments are dropped.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class DocRunner:
     def __init__(self, port: int) -> None:
         self.port = port
         self.servers: list[subprocess.Popen[bytes]] = []
+        self.images: set[str] = set()  # tags of the docker images built so far
 
     def python(self, block: Block) -> None:
         source = block.text.replace("127.0.0.1:8000", f"127.0.0.1:{self.port}")
@@ -116,6 +121,8 @@ class DocRunner:
 
     def command(self, argv: list[str], block: Block) -> None:
         where = f"{block.path.name}:{block.line}: {shlex.join(argv)}"
+        while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+            argv = argv[1:]
         program = argv[0].removeprefix(".venv/bin/")
         if argv[:3] == ["python3", "-m", "venv"] or argv[1:3] == ["-m", "pytest"]:
             return
@@ -123,6 +130,8 @@ class DocRunner:
             check_install(argv, where)
         elif program == "runahead":
             self.runahead(argv[1:], where)
+        elif program == "docker":
+            check_docker(argv[1:], where, self.images)
         elif program == "bash" and argv[1].startswith("bench/"):
             check_script(REPO / argv[1], where)
         elif program == "python" and argv[1].startswith("bench/"):
@@ -184,6 +193,35 @@ def check_install(argv: list[str], where: str) -> None:
         if match:
             missing = set(match.group(1).split(",")) - set(extras)
             assert not missing, f"{where}: no extra {sorted(missing)} in pyproject.toml"
+
+
+DOCKER_RUN_VALUES = {"-p", "-v", "-e", "--gpus", "--runtime", "--name", "--ulimit", "--tmpfs"}
+
+
+def check_docker(argv: list[str], where: str, images: set[str]) -> None:
+    """A docker line that can be checked without an engine (see the module docstring)."""
+    if argv[0] == "build":
+        dockerfile = REPO / argv[argv.index("-f") + 1]
+        assert dockerfile.parent == REPO / "docker" and dockerfile.exists(), where
+        declared = set(re.findall(r"^ARG (\w+)", dockerfile.read_text(), re.M))
+        for i, arg in enumerate(argv[:-1]):
+            if arg == "--build-arg":
+                assert argv[i + 1].split("=")[0] in declared, f"{where}: {dockerfile.name} has no such ARG"
+        images.add(argv[argv.index("-t") + 1])
+    elif argv[0] == "run":
+        i = 1
+        while argv[i].startswith("-"):
+            i += 2 if argv[i] in DOCKER_RUN_VALUES else 1
+        assert argv[i] in images, f"{where}: image {argv[i]} is not built above"
+        build_parser().parse_args(["serve", "/model", *argv[i + 1 :]])
+    elif argv[0] == "compose":
+        import yaml
+
+        compose = yaml.safe_load((REPO / argv[argv.index("-f") + 1]).read_text())
+        profile = argv[argv.index("--profile") + 1]
+        assert any(profile in s.get("profiles", []) for s in compose["services"].values()), where
+    else:
+        pytest.fail(f"{where}: no rule to check this docker command; add one to tests/test_docs.py")
 
 
 def check_script(script: Path, where: str) -> None:

@@ -24,7 +24,7 @@ from runahead.health import RequestFailed
 from runahead.jobs import ExpertKey
 from runahead.sampling import SamplingParams
 
-from modelhelpers import build_tiny_model
+from modelhelpers import build_tiny_model, reference_greedy
 
 PROMPTS = [[5, 17, 42], [9, 3, 11, 80], [100, 2, 7, 7], [33, 34], [61, 62, 63], [120, 4]]
 TOKENS = 8
@@ -38,25 +38,17 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int
     path = build_tiny_model("qwen3_moe", tmp_path_factory.mktemp("faults"), num_experts=EXPERTS)
     from transformers import AutoModelForCausalLM
 
+    tokens = reference_greedy(path, PROMPTS, TOKENS)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    tokens, used = [], []
+    top_k = reference.config.num_experts_per_tok
+    used = []
     with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = reference.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=TOKENS,
-                min_new_tokens=TOKENS,
-                do_sample=False,
-            )
-            tokens.append(out[0, len(prompt) :].tolist())
-            routed = reference(out[:, :-1], output_router_logits=True).router_logits
-            top_k = reference.config.num_experts_per_tok
+        for prompt, continuation in zip(PROMPTS, tokens, strict=True):
+            routed = reference(torch.tensor([prompt + continuation[:-1]]), output_router_logits=True)
             used.append(
                 {
                     ExpertKey(layer, int(e))
-                    for layer, logits in enumerate(routed)
+                    for layer, logits in enumerate(routed.router_logits)
                     for e in logits.topk(top_k, dim=-1).indices.flatten()
                 }
             )
@@ -186,3 +178,26 @@ def test_a_model_file_replaced_under_the_engine_is_not_read(model, tmp_path: Pat
             return [(await engine.complete(p, PARAMS)).token_ids for p in PROMPTS[:3]]
 
     assert asyncio.run(main()) == expected[:3]
+
+
+def test_closing_the_store_under_running_streams_ends_them_with_a_clear_error(model) -> None:  # type: ignore[no-untyped-def]
+    """The store closed while reads are in flight (a bug in an embedding app, say): the reads in
+    flight finish, later ones are refused, and every stream ends with an error saying so."""
+    path, _, _ = model
+
+    async def main() -> list[BaseException | None]:
+        async with await Engine.open(str(path), cache_fraction=0.25) as engine:
+            started = asyncio.Event()
+
+            async def consume(prompt: list[int]) -> None:
+                async for _ in engine.generate(prompt, SamplingParams(max_tokens=200)):
+                    started.set()
+
+            tasks = [asyncio.create_task(consume(p)) for p in PROMPTS[:4]]
+            await started.wait()
+            await asyncio.to_thread(engine.runtime.backend.store.close)  # type: ignore[attr-defined]
+            return list(await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60))
+
+    outcomes = asyncio.run(main())
+    assert all(isinstance(o, RequestFailed) for o in outcomes), outcomes
+    assert all("expert store is closed" in str(o) for o in outcomes), outcomes

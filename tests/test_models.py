@@ -277,6 +277,7 @@ def test_imports_stay_light() -> None:
     code = (
         "import sys; sys.modules['torch'] = None;"  # a torch-less interpreter
         "from runahead.models.layout import ExpertLayout; import runahead.models;"
+        "from runahead.models.description import ModelDescription, MoEConfig;"
         "print('transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

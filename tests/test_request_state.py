@@ -190,30 +190,6 @@ def test_hub_wrapper_config_and_names_load_the_same_model(folder: Path, tmp_path
     assert (ours - reference_logits(folder, prompt)).abs().max().item() < 1e-4
 
 
-def test_qwen3_5_layer_pattern_from_the_hub_interval() -> None:
-    from runahead.models.qwen3_5_moe import Qwen3_5MoeModel
-
-    raw = json.loads(QWEN36_TEXT_CONFIG)
-    config = Qwen3_5MoeModel.parse_config(raw)
-    assert config.layer_types == tuple(["linear_attention"] * 3 + ["full_attention"]) * 10
-    assert (config.rotary_dim, config.rope_theta, config.num_experts, config.top_k) == (64, 1e7, 256, 8)
-    assert config.linear_attention is not None and config.linear_attention.conv_channels == 8192
-    assert config.shared_expert_size == 512 and config.norm_topk_prob
-
-
-QWEN36_TEXT_CONFIG = """{
-  "model_type": "qwen3_5_moe_text", "hidden_size": 2048, "num_hidden_layers": 40, "num_experts": 256,
-  "num_experts_per_tok": 8, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
-  "vocab_size": 248320, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-  "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-  "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-  "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                      "mrope_section": [11, 11, 10], "mrope_interleaved": true},
-  "rms_norm_eps": 1e-06, "hidden_act": "silu", "attn_output_gate": true
-}"""
-"""The text part of Qwen3.6-35B-A3B's config.json, as the sim's model spec cites it."""
-
-
 def test_sliding_window_keeps_only_what_later_queries_see(tmp_path: Path) -> None:
     path = build_tiny_model("mixtral", tmp_path / "m")  # sliding_window 6 on every layer
     model, layout = load_model(path)

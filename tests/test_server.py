@@ -20,12 +20,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import torch
 
 from runahead.engine import Completion
 from runahead.server.generation import StopMatcher
 
-from modelhelpers import build_tiny_model
+from modelhelpers import build_tiny_model, reference_greedy
 from serverhelpers import RunningServer, build_chat_model, running_server
 
 PROMPTS = ["w5 w17 w42", "w9 w3", "w100 w2 w7 w7", "w33"]
@@ -49,34 +48,21 @@ def server(chat_model: Path) -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def references(server: RunningServer, chat_model: Path) -> dict[str, Any]:
     """transformers' own greedy output (the judge, not the engine) for every prompt and the chat."""
-    from transformers import AutoModelForCausalLM
-
     tokenizer = server.engine.tokenizer
     chat_ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
     chat_ids = list(chat_ids["input_ids"] if isinstance(chat_ids, Mapping) else chat_ids)
-    reference = AutoModelForCausalLM.from_pretrained(
-        chat_model, dtype=torch.float32, attn_implementation="eager"
-    )
 
-    def greedy(ids: list[int]) -> Completion:
-        prompt = torch.tensor([ids])
-        with torch.no_grad():
-            out = reference.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=TOKENS,
-                do_sample=False,
-                eos_token_id=EOS,
-            )
-        tokens = out[0, len(ids) :].tolist()
-        if EOS in tokens:
-            tokens = tokens[: tokens.index(EOS) + 1]
+    prompt_ids = [list(tokenizer.encode(p)) for p in PROMPTS] + [chat_ids]
+    answers = []
+    for ids, tokens in zip(
+        prompt_ids, reference_greedy(chat_model, prompt_ids, TOKENS, eos=EOS), strict=True
+    ):
         reason = "stop" if tokens[-1] == EOS else "length"
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-        return Completion(tokens, text, reason, len(ids))
-
-    prompts = {p: greedy(list(tokenizer.encode(p))) for p in PROMPTS}
-    return {"prompts": prompts, "chat": greedy(chat_ids), "chat_ids": chat_ids}
+        answers.append(
+            Completion(tokens, tokenizer.decode(tokens, skip_special_tokens=True), reason, len(ids))
+        )
+    *completions, chat = answers
+    return {"prompts": dict(zip(PROMPTS, completions, strict=True)), "chat": chat, "chat_ids": chat_ids}
 
 
 @pytest.fixture()

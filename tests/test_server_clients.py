@@ -255,3 +255,27 @@ def test_echo_without_logprobs_puts_the_prompt_first(client, server, reference) 
     )
     assert done.choices[0].text == "w5 w17 w42 w9" + text_of(server, greedy(reference, CONTEXT, 3))
     assert done.choices[0].logprobs is None
+
+
+def test_streamed_echo_and_chat_logprobs_add_up_to_the_whole_answers(client) -> None:  # type: ignore[no-untyped-def]
+    args: dict[str, Any] = {
+        "model": "tiny",
+        "prompt": "w5 w17 w42",
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 1,
+        "echo": True,
+    }
+    whole = client.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(**args, stream=True)]
+    assert chunks[0].text.startswith("w5 w17 w42") and "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks for t in c.logprobs.tokens] == whole.logprobs.tokens
+    assert [t for c in chunks for t in c.logprobs.token_logprobs] == whole.logprobs.token_logprobs
+    assert whole.logprobs.token_logprobs[0] is None and len(whole.logprobs.tokens) == 3 + 4
+    chat: dict[str, Any] = {"model": "tiny", "messages": CHAT, "max_tokens": 4, "temperature": 0}
+    content = (
+        client.chat.completions.create(**chat, logprobs=True, top_logprobs=1).choices[0].logprobs.content
+    )
+    streamed = client.chat.completions.create(**chat, logprobs=True, top_logprobs=1, stream=True)
+    entries = [e for c in streamed for e in ((c.choices[0].logprobs and c.choices[0].logprobs.content) or [])]
+    assert [(e.token, e.logprob) for e in entries] == [(e.token, e.logprob) for e in content]

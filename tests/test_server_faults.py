@@ -22,7 +22,7 @@ import torch
 from runahead import cli
 from runahead.backends.torch import TorchBackend
 
-from modelhelpers import build_tiny_model
+from modelhelpers import build_tiny_model, reference_greedy
 from serverhelpers import RunningServer, running_server
 
 PROMPT = [5, 17, 42]
@@ -32,18 +32,7 @@ TOKENS = 6
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     path = build_tiny_model("qwen3_moe", tmp_path_factory.mktemp("server-faults"))
-    from transformers import AutoModelForCausalLM
-
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
-    ids = torch.tensor([PROMPT])
-    out = reference.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=TOKENS,
-        min_new_tokens=TOKENS,
-        do_sample=False,
-    )
-    return path, out[0, len(PROMPT) :].tolist()
+    return path, reference_greedy(path, [PROMPT], TOKENS)[0]
 
 
 class BadDisk:

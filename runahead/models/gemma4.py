@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runahead.models.base import ModelLoadError, MoEConfig, MoEModel, require
+from runahead.models.base import ModelDescription, ModelLoadError, MoEConfig, MoEModel, require
 from runahead.models.state import KVLayer, LayerState
 
 
@@ -49,27 +49,10 @@ class Gemma4Config(MoEConfig):
     full_rotary_fraction: float = 0.25
 
 
-class Gemma4Model(MoEModel):
-    """Gemma 4 MoE, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
+class Gemma4Description(ModelDescription):
+    """Gemma 4 MoE's description: config parsing, checkpoint names and shapes (no tensors)."""
 
     model_type: ClassVar[str] = "gemma4"
-    config: Gemma4Config
-
-    def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
-        assert isinstance(config, Gemma4Config)
-        super().__init__(config, weights)
-        c = config
-        sliding = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=self.device) / c.head_dim
-        angles = int(c.full_rotary_fraction * c.global_head_dim // 2)
-        turned = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device=self.device) / c.global_head_dim
-        still = torch.zeros(c.global_head_dim // 2 - angles, dtype=torch.float32, device=self.device)
-        self.inv_freqs = {
-            "sliding_attention": 1.0 / (c.sliding_rope_theta**sliding),
-            "full_attention": torch.cat([1.0 / (c.full_rope_theta**turned), still]),
-        }
-        self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=self.dtype, device=self.device)
-
-    # --- the model description ---------------------------------------------------------------
 
     @classmethod
     def parse_config(cls, raw: Mapping[str, Any]) -> MoEConfig:
@@ -227,6 +210,28 @@ class Gemma4Model(MoEModel):
         """A layer's stacked expert tensors (``experts`` sits beside ``mlp``, not inside it)."""
         p = f"model.layers.{layer}.experts."
         return (p + "gate_up_proj", p + "down_proj")
+
+
+class Gemma4Model(Gemma4Description, MoEModel):
+    """Gemma 4 MoE, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
+
+    config: Gemma4Config
+
+    def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
+        assert isinstance(config, Gemma4Config)
+        super().__init__(config, weights)
+        c = config
+        sliding = torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=self.device) / c.head_dim
+        angles = int(c.full_rotary_fraction * c.global_head_dim // 2)
+        turned = torch.arange(0, 2 * angles, 2, dtype=torch.float32, device=self.device) / c.global_head_dim
+        still = torch.zeros(c.global_head_dim // 2 - angles, dtype=torch.float32, device=self.device)
+        self.inv_freqs = {
+            "sliding_attention": 1.0 / (c.sliding_rope_theta**sliding),
+            "full_attention": torch.cat([1.0 / (c.full_rope_theta**turned), still]),
+        }
+        self.embed_scale = torch.tensor(c.hidden_size**0.5, dtype=self.dtype, device=self.device)
+
+    # --- the model description ---------------------------------------------------------------
 
     # --- compute -----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runahead.models.base import ModelLoadError, MoEConfig, MoEModel, require
+from runahead.models.base import ModelDescription, ModelLoadError, MoEConfig, MoEModel, require
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +44,10 @@ class GptOssConfig(MoEConfig):
     yarn_truncate: bool = True
 
 
-class GptOssModel(MoEModel):
-    """gpt-oss, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
+class GptOssDescription(ModelDescription):
+    """gpt-oss's description: config parsing, checkpoint names and shapes (no tensors)."""
 
     model_type: ClassVar[str] = "gpt_oss"
-    config: GptOssConfig
-
-    def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
-        assert isinstance(config, GptOssConfig)
-        super().__init__(config, weights)
-        if config.yarn_factor != 1.0:
-            self.inv_freq, self.rope_attention_factor = _yarn(config, self.device)
 
     @classmethod
     def parse_config(cls, raw: Mapping[str, Any]) -> MoEConfig:
@@ -120,6 +113,18 @@ class GptOssModel(MoEModel):
             (p + "gate_up_proj_bias", "gate_up_bias"),
             (p + "down_proj_bias", "down_bias"),
         )
+
+
+class GptOssModel(GptOssDescription, MoEModel):
+    """gpt-oss, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
+
+    config: GptOssConfig
+
+    def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
+        assert isinstance(config, GptOssConfig)
+        super().__init__(config, weights)
+        if config.yarn_factor != 1.0:
+            self.inv_freq, self.rope_attention_factor = _yarn(config, self.device)
 
     # --- compute -----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from runahead.models.base import (
     LinearAttentionConfig,
+    ModelDescription,
     ModelLoadError,
     MoEConfig,
     MoEModel,
@@ -44,19 +45,10 @@ LINEAR_WEIGHTS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "conv", 
 """Canonical names (after ``L.``) of a linear-attention layer's weights, besides its norm and ``out_proj``."""
 
 
-class Qwen3_5MoeModel(MoEModel):
-    """Qwen3.5 / Qwen3.6 MoE, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
+class Qwen3_5MoeDescription(ModelDescription):
+    """Qwen3.5 / Qwen3.6 MoE's description: config parsing, checkpoint names and shapes (no tensors)."""
 
     model_type: ClassVar[str] = "qwen3_5_moe"
-
-    def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
-        super().__init__(config, weights)
-        # q_proj holds each head's query rows then its gate rows; split them once for two plain products.
-        hd = config.head_dim
-        for layer in self.full_layers():
-            both = self.weights[f"{layer}.q_proj"].view(config.num_attention_heads, 2, hd, -1)
-            self.weights[f"{layer}.q_proj"] = both[:, 0].reshape(-1, both.shape[-1]).contiguous()
-            self.weights[f"{layer}.q_gate"] = both[:, 1].reshape(-1, both.shape[-1]).contiguous()
 
     @classmethod
     def parse_config(cls, raw: Mapping[str, Any]) -> MoEConfig:
@@ -97,9 +89,10 @@ class Qwen3_5MoeModel(MoEModel):
             linear_attention=linear,
         )
 
-    def full_layers(self) -> list[int]:
+    @classmethod
+    def full_layers(cls, config: MoEConfig) -> list[int]:
         """Indices of the gated full-attention layers."""
-        return [i for i, t in enumerate(self.config.layer_types) if t == "full_attention"]
+        return [i for i, t in enumerate(config.layer_types) if t == "full_attention"]
 
     @classmethod
     def weight_names(cls, config: MoEConfig) -> dict[str, tuple[str, ...]]:
@@ -147,6 +140,19 @@ class Qwen3_5MoeModel(MoEModel):
                 }
             )
         return shapes
+
+
+class Qwen3_5MoeModel(Qwen3_5MoeDescription, MoEModel):
+    """Qwen3.5 / Qwen3.6 MoE, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
+
+    def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
+        super().__init__(config, weights)
+        # q_proj holds each head's query rows then its gate rows; split them once for two plain products.
+        hd = config.head_dim
+        for layer in self.full_layers(config):
+            both = self.weights[f"{layer}.q_proj"].view(config.num_attention_heads, 2, hd, -1)
+            self.weights[f"{layer}.q_proj"] = both[:, 0].reshape(-1, both.shape[-1]).contiguous()
+            self.weights[f"{layer}.q_gate"] = both[:, 1].reshape(-1, both.shape[-1]).contiguous()
 
     # --- compute -----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from runahead.engine import EngineOverloaded
 from runahead.server import protocol
 from runahead.server.access import APIKeyCheck, read_body
 from runahead.server.config import ServerConfig
@@ -33,7 +34,7 @@ from runahead.server.responses import Health, ModelCard, ModelList
 from runahead.server.shapes import ChatShape, CompletionShape, ResponseShape
 
 if TYPE_CHECKING:
-    from runahead.engine import Engine
+    from runahead.engine import Engine, Generation
 
 T = TypeVar("T")
 Parser = Callable[[Mapping[str, Any], "Engine", frozenset[int]], protocol.GenerationRequest]
@@ -42,11 +43,13 @@ log = structlog.get_logger("runahead.server")
 
 
 class EventStream(StreamingResponse):
-    """A server-sent event stream that closes its generator however the response ends."""
+    """A server-sent event stream that closes its generator (and cancels the generations it
+    reads) however the response ends."""
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(self, events: AsyncIterator[str], generations: Sequence[Generation]) -> None:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(events, media_type="text/event-stream", headers=headers)
+        self.generations = generations
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Starlette cancels the sending task on a disconnect, which may leave the generator
@@ -55,6 +58,7 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await cast(AsyncGenerator[str, None], self.body_iterator).aclose()
+            cancel_all(self.generations)  # those the generator never started
 
 
 class OpenAIRoutes:
@@ -89,18 +93,61 @@ class OpenAIRoutes:
         shape = kind(self.model_name, logprobs=job.logprobs is not None)
         tally = Tally(prompt_tokens=job.prompt_tokens)
         request.state.tally = tally
+        generations = self._submit(job)
+        timeout = self.config.request_timeout_s
         if job.stream:
-            return EventStream(sse_events(self.engine, job, shape, tally))
+            events = sse_events(self.engine, job, generations, shape, tally, timeout)
+            return EventStream(events, generations)
         try:
-            done = await until_disconnected(request, collect_all(self.engine, job, tally))
-        except ValueError as error:  # the engine's own checks, should ours miss one
-            raise APIError(str(error)) from None
+            done = await until_disconnected(
+                request, collect_all(self.engine, job, generations, tally, timeout)
+            )
         except RuntimeError as error:  # a failed read or compute (500), or a closed or failed engine (503)
             status = 500 if self.engine.running else 503
             raise APIError(str(error), status=status, kind="server_error") from None
+        finally:
+            cancel_all(generations)
         if done is None:
             return Response(status_code=CLIENT_CLOSED)
         return JSONResponse(shape.response(done, tally))
+
+    def _submit(self, job: protocol.GenerationRequest) -> list[Generation]:
+        """Queue every answer of ``job`` in the engine now, or none: 429 when they do not all fit."""
+        engine, wanted = self.engine, len(job.choices)
+        if wanted > engine.capacity:
+            raise APIError(
+                f"{wanted} answers asked, but this server holds at most {engine.capacity} requests at once",
+                param="n",
+            )
+        if engine.room() < wanted:
+            raise self._overloaded(
+                f"the server is busy: {wanted} answer(s) asked, room for {engine.room()} "
+                f"(it holds {engine.capacity} requests at most, running and waiting); retry later"
+            )
+        generations: list[Generation] = []
+        try:
+            for choice in job.choices:
+                generations.append(engine.submit(choice.prompt_ids, choice.params))
+        except EngineOverloaded as error:
+            cancel_all(generations)
+            raise self._overloaded(str(error)) from None
+        except ValueError as error:  # the engine's own checks, should ours miss one
+            cancel_all(generations)
+            raise APIError(str(error)) from None
+        except RuntimeError as error:  # a closed or failed engine
+            cancel_all(generations)
+            raise APIError(str(error), status=503, kind="server_error") from None
+        return generations
+
+    def _overloaded(self, message: str) -> APIError:
+        retry = {"Retry-After": str(self.config.retry_after_s)}
+        return APIError(message, status=429, kind="server_error", code="overloaded", headers=retry)
+
+
+def cancel_all(generations: Sequence[Generation]) -> None:
+    """Cancel generations that may still run (no-op for those that ended)."""
+    for generation in generations:
+        generation.cancel()
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:

@@ -21,7 +21,7 @@ from runahead.server.responses import Usage
 from runahead.server.shapes import Answer, Delta, ResponseShape, Scored
 
 if TYPE_CHECKING:
-    from runahead.engine import Chunk, Engine
+    from runahead.engine import Chunk, Engine, Generation
     from runahead.sampling import TokenLogprob
 
 T = TypeVar("T")
@@ -81,12 +81,12 @@ class Tally:
 
 
 async def deltas(
-    engine: Engine, request: GenerationRequest, choice: Choice, tally: Tally
+    engine: Engine, request: GenerationRequest, choice: Choice, generation: Generation, tally: Tally
 ) -> AsyncIterator[Delta]:
     """One answer's text as it is generated, cut at a stop string, with its tokens' logprobs when
-    asked (and the prompt first with ``echo``); the engine's iterator is closed."""
+    asked (and the prompt first with ``echo``); the generation is closed (cancelled) when it stops."""
     matcher = StopMatcher(request.stop)
-    chunks = cast("AsyncGenerator[Chunk, None]", engine.generate(choice.prompt_ids, choice.params))
+    chunks = cast("AsyncGenerator[Chunk, None]", aiter(generation))
     try:
         async for chunk in chunks:
             tally.completion_tokens += 1
@@ -129,12 +129,14 @@ def _score(engine: Engine, entry: TokenLogprob) -> Scored:
     return Scored(engine.token_text(entry.token), entry.logprob, top)
 
 
-async def collect(engine: Engine, request: GenerationRequest, choice: Choice, tally: Tally) -> Answer:
+async def collect(
+    engine: Engine, request: GenerationRequest, choice: Choice, generation: Generation, tally: Tally
+) -> Answer:
     """Run one answer to its end: its text, finish reason and logprobs."""
     parts: list[str] = []
     scored: list[Scored] = []
     reason = "length"
-    stream = cast("AsyncGenerator[Delta, None]", deltas(engine, request, choice, tally))
+    stream = cast("AsyncGenerator[Delta, None]", deltas(engine, request, choice, generation, tally))
     try:
         async for delta in stream:
             parts.append(delta.text)
@@ -145,9 +147,31 @@ async def collect(engine: Engine, request: GenerationRequest, choice: Choice, ta
     return Answer(choice.index, "".join(parts), reason, tuple(scored))
 
 
-async def collect_all(engine: Engine, request: GenerationRequest, tally: Tally) -> list[Answer]:
-    """Every answer of a request, run at once; the first error cancels the others."""
-    return await all_or_none([collect(engine, request, choice, tally) for choice in request.choices])
+async def collect_all(
+    engine: Engine,
+    request: GenerationRequest,
+    generations: Sequence[Generation],
+    tally: Tally,
+    timeout_s: float | None = None,
+) -> list[Answer]:
+    """Every answer of a request, run at once; the first error (or ``timeout_s`` passing: 504)
+    cancels the others."""
+    pairs = zip(request.choices, generations, strict=True)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await all_or_none([collect(engine, request, c, g, tally) for c, g in pairs])
+    except TimeoutError:
+        raise timed_out(timeout_s) from None
+
+
+def timed_out(timeout_s: float | None) -> APIError:
+    """The error of a request that ran past the server's time limit."""
+    return APIError(
+        f"the request ran past this server's time limit of {timeout_s:g} s and was cancelled",
+        status=504,
+        kind="server_error",
+        code="timeout",
+    )
 
 
 async def all_or_none(work: Sequence[Awaitable[T]]) -> list[T]:
@@ -161,12 +185,18 @@ async def all_or_none(work: Sequence[Awaitable[T]]) -> list[T]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def merged(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[T]:
-    """The items of several async iterators as each comes; ending this ends (and closes) them all."""
+async def merged(streams: Sequence[AsyncIterator[T]], timeout_s: float | None = None) -> AsyncIterator[T]:
+    """The items of several async iterators as each comes; ending this ends (and closes) them all.
+    Past ``timeout_s`` it raises the 504 of :func:`timed_out`."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
     pending = {asyncio.ensure_future(anext(stream)): stream for stream in streams}
     try:
         while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise timed_out(timeout_s)
             for task in sorted(done, key=lambda t: streams.index(pending[t])):
                 stream = pending.pop(task)
                 try:
@@ -189,13 +219,19 @@ def sse(payload: dict[str, Any]) -> str:
 
 
 async def sse_events(
-    engine: Engine, request: GenerationRequest, shape: ResponseShape, tally: Tally
+    engine: Engine,
+    request: GenerationRequest,
+    generations: Sequence[Generation],
+    shape: ResponseShape,
+    tally: Tally,
+    timeout_s: float | None = None,
 ) -> AsyncIterator[str]:
     """The streamed answer: OpenAI chunks as SSE events, then ``[DONE]``; errors become an event."""
     extra: dict[str, Any] = {"usage": None} if request.include_usage else {}
     for payload in shape.opening([choice.index for choice in request.choices]):
         yield sse(payload | extra)
-    stream = merged([deltas(engine, request, choice, tally) for choice in request.choices])
+    pairs = zip(request.choices, generations, strict=True)
+    stream = merged([deltas(engine, request, c, g, tally) for c, g in pairs], timeout_s)
     try:
         async for delta in stream:
             yield sse(shape.chunk(delta) | extra)

@@ -26,6 +26,10 @@ _ENGINE_HELP = {
     "groups_computed": "Backend calls (groups of jobs at one layer) computed",
     "jobs_computed": "Layer jobs computed",
     "cache_slots_pinned": "Expert cache slots pinned by jobs now",
+    "reads_failed": "Expert reads given up after their retries",
+    "reads_retried": "Expert reads retried after an I/O error",
+    "groups_failed": "Groups whose compute failed (their requests failed)",
+    "requests_failed": "Requests ended by a failed read or compute",
 }
 
 

@@ -33,6 +33,7 @@ _ERRORS = {
     "404": "No such model.",
     "413": "The request body is larger than the server takes.",
     "429": "Too many requests are waiting; retry after `Retry-After` seconds.",
+    "500": "A failed expert read or compute ended this request (the engine goes on).",
     "503": "The engine is stopped or failed.",
     "504": "The request ran past the server's time limit.",
 }
@@ -72,7 +73,7 @@ def _generation(
         "post": {
             "summary": summary,
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
-            "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "503", "504")},
+            "responses": {"200": ok, **_errors("400", "401", "404", "413", "429", "500", "503", "504")},
         }
     }
 

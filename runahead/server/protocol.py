@@ -249,7 +249,7 @@ def _generation(
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=body.top_k or 0,
                 seed=_nth_seed(body.seed, j),
-                stop_token_ids=eos,
+                stop_token_ids=frozenset() if body.ignore_eos else eos,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
             )

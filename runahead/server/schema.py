@@ -82,6 +82,9 @@ class Sampling(Body):
     )
     stream: bool | None = Field(None, description="Answer as server-sent events.")
     stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = Field(
+        None, description="Go on past the end-of-sequence token (vLLM's extension; for benchmarks)."
+    )
     user: str | None = None
     n: Annotated[int | None, Field(ge=1, le=MAX_CHOICES)] = Field(
         None, description="Answers per prompt; with `seed`, answer i samples with seed + i."

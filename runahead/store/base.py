@@ -42,6 +42,10 @@ def filesystem_type(path: str) -> str:
     return kind
 
 
+class StoreClosed(RuntimeError):
+    """A read was asked of a closed store: nothing more can be read (the runtime stops)."""
+
+
 class StoreError(ValueError):
     """A layout range that does not match the layout's shapes, or a file that does not hold it."""
 
@@ -249,13 +253,18 @@ class _Executor:
         self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=queue_depth, thread_name_prefix=name
         )
+        self.closing = False
 
     async def run(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` on the pool. If the caller is cancelled, wait for the thread to finish
         before re-raising, so the slot is no longer being written when the cancellation lands."""
-        if self.pool is None:
-            raise RuntimeError("expert store is closed")
-        fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        pool = self.pool
+        if pool is None or self.closing:
+            raise StoreClosed("expert store is closed")
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except RuntimeError:  # shut down between the check and the submit, from another thread
+            raise StoreClosed("expert store is closed") from None
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -269,6 +278,7 @@ class _Executor:
             raise
 
     def shutdown(self) -> None:
+        self.closing = True  # refuse new reads at once; the ones in flight finish
         if self.pool is not None:
             self.pool.shutdown(wait=True)
             self.pool = None
