@@ -3,10 +3,12 @@
 Builds one random Qwen3-MoE with the medium model's expert shapes (hidden 1024, expert width 512,
 64 experts per layer; ``--layers`` of them, small vocabulary), saves it as bf16 safetensors and
 writes it as GGUF at Q8_0 and Q4_0 (tests/ggufhelpers.py: llama.cpp's layout). For each it reports
-the bytes of one cache slot, experts per GiB of cache, and reads every expert once with the
+the bytes of one cache slot and experts per GiB of cache (bf16 slots, the CUDA default, and float32
+ones, the CPU's; a GGUF's slots hold its own bytes either way), reads every expert once with the
 O_DIRECT disk store: payload bytes per expert, bytes actually read (alignment included) and
 milliseconds per expert (the files are fresh: O_DIRECT bypasses the page cache; where the
-filesystem refuses O_DIRECT the row says so and the times measure memory).
+filesystem refuses O_DIRECT the row says so and the times measure memory), and times the compute
+side of one expert (see :func:`measure`).
 
     PYTHONPATH=$PWD:tests python bench/gguf_bytes.py --out DIR [--layers 2]
 """
@@ -27,10 +29,15 @@ from runahead.store import DiskStore, SlotPool
 
 
 def measure(path: Path, label: str) -> dict[str, Any]:
-    """Slot size and one O_DIRECT read of every expert of the model at ``path``."""
-    _, layout = load_model(path, dtype=torch.bfloat16)
-    pool = SlotPool.for_layout(1, layout, dtype=torch.bfloat16)
-    slot_bytes = pool.slot_numel * pool.data.element_size()
+    """Slot size and one O_DIRECT read of every expert of the model at ``path``; then the compute
+    side: milliseconds to turn one slot into float32 weights (``expert_weights``: dequantize, or
+    widen bf16) and to run one expert on 1 and on 8 rows, float32 (medians of 20)."""
+    model, layout = load_model(path, dtype=torch.float32)
+    pool = SlotPool.for_layout(1, layout, dtype=torch.float32)
+    sizes = {
+        name: SlotPool.for_layout(1, layout, dtype=dtype).nbytes
+        for name, dtype in (("bf16", torch.bfloat16), ("f32", torch.float32))
+    }  # a GGUF's slots hold its bytes whatever the compute dtype
     with DiskStore(layout) as store:
 
         async def read_all() -> float:
@@ -41,16 +48,36 @@ def measure(path: Path, label: str) -> dict[str, Any]:
 
         seconds = asyncio.run(read_all())
         experts = len(layout.ranges)
+        slot = pool.slot(0)
+        rows = {n: torch.randn(n, layout.hidden_size) for n in (1, 8)}
+        widen = _median_ms(lambda: model.expert_weights(0, slot, torch.float32))
+        weights = model.expert_weights(0, slot, torch.float32)
+        compute = {n: _median_ms(lambda x=x: model.run_expert(weights, x)) for n, x in rows.items()}
         return {
             "format": label,
-            "slot_bytes": slot_bytes,
-            "experts_per_gib": round(2**30 / slot_bytes, 1),
+            "slot_bytes_bf16_compute": sizes["bf16"],
+            "slot_bytes_f32_compute": sizes["f32"],
+            "experts_per_gib_bf16_compute": round(2**30 / sizes["bf16"], 1),
+            "experts_per_gib_f32_compute": round(2**30 / sizes["f32"], 1),
             "payload_bytes_per_expert": store.bytes_read // experts,
             "io_bytes_per_expert": store.io_bytes // experts,
             "ms_per_expert": round(1000 * seconds / experts, 3),
+            "to_float32_ms": widen,
+            "expert_1_row_ms": compute[1],
+            "expert_8_rows_ms": compute[8],
             "direct": store.direct,
             "memory_backed": store.memory_backed,
         }
+
+
+def _median_ms(fn: Any, repeats: int = 20) -> float:
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return round(1000 * sorted(times)[len(times) // 2], 3)
 
 
 def main() -> None:

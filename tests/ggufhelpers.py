@@ -95,14 +95,20 @@ def _kind_of(name: str, data: np.ndarray, kind: str) -> str:
     return kind
 
 
-def hf_tensors(hf: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The config and the float32 GGUF-named tensors of a saved HF folder (experts stacked)."""
-    from safetensors.numpy import load_file
+def _state(hf: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the folder's safetensors files as float32 numpy (bf16 included)."""
+    from safetensors.torch import load_file
 
-    config = json.loads((hf / "config.json").read_text())
     state: dict[str, np.ndarray] = {}
     for file in sorted(hf.glob("*.safetensors")):
-        state.update(load_file(file))
+        state.update({name: t.float().numpy() for name, t in load_file(file).items()})
+    return state
+
+
+def hf_tensors(hf: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The config and the float32 GGUF-named tensors of a saved HF folder (experts stacked)."""
+    config = json.loads((hf / "config.json").read_text())
+    state = _state(hf)
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     llama = config["model_type"] == "mixtral"
     tensors: dict[str, np.ndarray] = {}
@@ -221,7 +227,7 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
     architectures transformers cannot load from GGUF. Experts are split back into the hub's names.
     """
     from gguf import GGUFReader, quants
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     reader = GGUFReader(gguf_path)
     stored = {
@@ -231,9 +237,7 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
     config = json.loads((hf / "config.json").read_text())
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     out.mkdir(parents=True, exist_ok=True)
-    state: dict[str, np.ndarray] = {}
-    for file in sorted(hf.glob("*.safetensors")):
-        state.update(load_file(file))
+    state = _state(hf)
     for name in state:
         target = gguf_name(name)
         if target is None:
