@@ -47,10 +47,16 @@ def dequantize(data: Tensor, kind: str, shape: tuple[int, ...], out: Tensor | No
     raise ValueError(f"cannot dequantize type {kind}")
 
 
-def dequantize_slot(slot: Tensor, fmt: SlotFormat, dtype: torch.dtype) -> Tensor:
-    """A stored slot as the compute-dtype slot format: flat ``gate | up | down`` in ``dtype``."""
+def dequantize_slot(slot: Tensor, fmt: SlotFormat, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """A stored slot as the compute-dtype slot format: flat ``gate | up | down`` in ``dtype``.
+
+    ``out``: a float32 buffer (on the slot's device) of at least the expert's weights to dequantize
+    into; a fresh one when None.
+    """
     sizes = [math.prod(p.shape) for p in fmt.parts]
-    flat = torch.empty(sum(sizes), dtype=torch.float32, device=slot.device)
+    if out is None:
+        out = torch.empty(sum(sizes), dtype=torch.float32, device=slot.device)
+    flat = out[: sum(sizes)]
     at = 0
     for part, size in zip(fmt.parts, sizes, strict=True):
         dequantize(slot[part.start : part.stop], part.kind, part.shape, flat[at : at + size])
