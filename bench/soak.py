@@ -210,9 +210,13 @@ async def soak(
     result.rss_mib.append((round(time.monotonic() - start, 1), round(rss_mib(pid), 1)))
     warm = [mib for t, mib in result.rss_mib if t >= seconds * 0.2] or [result.rss_mib[-1][1]]
     result.rss_growth_after_warmup = round((result.rss_mib[-1][1] - warm[0]) / warm[0], 4)
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
         for _ in range(100):  # the last cancellations settle within moments
-            text = (await http.get("/metrics")).text
+            try:
+                text = (await http.get("/metrics")).text
+            except httpx.TimeoutException:  # a loaded machine: ask again, and say so
+                result.error_samples.append("/metrics did not answer within 120 s")
+                continue
             result.final_active = metric(text, "runahead_engine_requests_active")
             result.final_pinned = metric(text, "runahead_engine_cache_slots_pinned")
             if result.final_active == 0 and result.final_pinned == 0:
