@@ -118,7 +118,7 @@ def recorded_spec(config: MoEConfig, folder: str | Path, name: str) -> ModelSpec
 
     raw = read_config(folder)
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    bits = {"float32": 32, "float16": 16, "bfloat16": 16}.get(dtype, 16)
+    bits = raw.get("expert_bits_per_weight") or {"float32": 32, "float16": 16, "bfloat16": 16}.get(dtype, 16)
     return ModelSpec(
         name=name,
         num_layers=config.num_layers,
@@ -133,5 +133,14 @@ def recorded_spec(config: MoEConfig, folder: str | Path, name: str) -> ModelSpec
         bits_per_weight=bits,
         num_shared_experts=1 if config.shared_expert_size else 0,
         shared_expert_width=config.shared_expert_size,
-        sources=(f"recorded by runahead generate from {Path(folder).name}/config.json",),
+        sources=(f"recorded by runahead generate from {_config_source(folder)}",),
+    )
+
+
+def _config_source(folder: str | Path) -> str:
+    """Where a model's config was read: a GGUF's metadata, or a folder's ``config.json``."""
+    return (
+        f"{Path(folder).name} metadata"
+        if str(folder).endswith(".gguf")
+        else f"{Path(folder).name}/config.json"
     )

@@ -246,9 +246,12 @@ def profile_names() -> list[str]:
 
 def load_model_spec(name_or_path: str | Path) -> ModelSpec:
     """Load a model spec by package name (see :func:`model_names`), from a TOML file path, or from a
-    Hugging Face folder's ``config.json`` (:func:`runahead.models.simspec.spec_from_folder`)."""
+    Hugging Face folder's ``config.json`` or a GGUF file's metadata
+    (:func:`runahead.models.simspec.spec_from_folder`)."""
     folder = Path(name_or_path)
-    if folder.is_dir() and (folder / "config.json").is_file():
+    if (folder.is_dir() and (folder / "config.json").is_file()) or (
+        folder.suffix == ".gguf" and folder.is_file()
+    ):
         from runahead.models.simspec import spec_from_folder
 
         return spec_from_folder(folder)

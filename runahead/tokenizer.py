@@ -37,7 +37,14 @@ def corpus() -> str:
 
 
 def has_tokenizer(path: str | Path) -> bool:
-    """Whether the model folder holds tokenizer files (else ``transformers`` would load an empty one)."""
+    """Whether the model folder holds tokenizer files (else ``transformers`` would load an empty one).
+
+    A ``.gguf`` file counts when its metadata has a vocabulary (``tokenizer.ggml.tokens``).
+    """
+    if str(path).endswith(".gguf") and Path(path).is_file():
+        from runahead.models.gguf import GGUFModel
+
+        return "tokenizer.ggml.tokens" in GGUFModel(path).fields
     return any((Path(path) / name).is_file() for name in TOKENIZER_FILES)
 
 

@@ -59,12 +59,13 @@ BUILT_MODELS = ("small", "medium")
 
 
 def resolve_model(name: str) -> str:
-    """A model folder: ``small`` (the demo's) and ``medium`` are built (once) under the cache directory."""
+    """A model folder (or ``.gguf`` file): ``small`` (the demo's) and ``medium`` are built (once) under
+    the cache directory."""
     if name in BUILT_MODELS:
         from runahead.medium import medium_model, small_model
 
         return str(small_model() if name == "small" else medium_model())
-    if not Path(name).is_dir():
+    if not Path(name).is_dir() and not (name.endswith(".gguf") and Path(name).is_file()):
         raise FileNotFoundError(
             f"model folder {name!r} does not exist (or name a built one: {', '.join(BUILT_MODELS)})"
         )

@@ -126,3 +126,28 @@ def test_stores_copy_from_pinned_host_memory(model: Path) -> None:
         asyncio.run(read())
         assert store._registered, "no read buffer was page-locked"
     assert torch.equal(gpu.slot(0).cpu(), cpu.slot(0))
+
+
+def _gguf_tokens(path: Path, device: str, store: str) -> dict[int, list[int]]:
+    backend = TorchBackend.open(str(path), cache_slots=6, device=device, store=store)  # type: ignore[arg-type]
+    assert backend.slots.data.dtype == torch.uint8  # experts stay as the file stores them
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=6, policy="runahead", prefill_chunk=2))
+    params = SamplingParams(max_tokens=12)
+    specs = [RequestSpec(i, 12, prompt=tuple(p), sampling=params) for i, p in enumerate(EXACTNESS_PROMPTS)]
+    try:
+        return asyncio.run(runtime.run(specs))
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("store", ["disk", "host"])
+@pytest.mark.parametrize(("arch", "kind"), [("qwen3_moe", "Q4_0"), ("mixtral", "Q8_0")])
+def test_gguf_quantized_slots_on_the_gpu_give_the_cpu_tokens(
+    tmp_path: Path, arch: str, kind: str, store: str
+) -> None:
+    """Byte slots on the device, dequantized there: the tokens of the CPU run (which
+    tests/test_gguf.py checks against transformers on the dequantized weights), in float32."""
+    from ggufhelpers import build_tiny_gguf
+
+    path, _ = build_tiny_gguf(arch, tmp_path, kind)
+    assert _gguf_tokens(path, "cuda", store) == _gguf_tokens(path, "cpu", store)

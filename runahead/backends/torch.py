@@ -108,7 +108,7 @@ class TorchBackend:
         dtype: torch.dtype | str = torch.float32,
         **options: Any,
     ) -> TorchBackend:
-        """Load the Hugging Face folder ``path`` and build a backend with expert cache slots.
+        """Load the Hugging Face folder (or ``.gguf`` file) ``path`` and build a backend with cache slots.
 
         The cache has ``cache_slots`` slots, or ``cache_fraction`` of all routed experts (at least
         one job's top-k); the runtime's cache must use :attr:`num_slots`. ``store`` is ``disk``
@@ -130,7 +130,7 @@ class TorchBackend:
             assert cache_fraction is not None
             config = model.config
             cache_slots = max(config.top_k, round(cache_fraction * config.num_layers * config.num_experts))
-        slots = SlotPool(cache_slots, layout.slot_numel, dtype=dtype, device=device)
+        slots = SlotPool.for_layout(cache_slots, layout, dtype=dtype, device=device)
         expert_store = make_store(store, layout, queue_depth=queue_depth, dtype=dtype)
         return cls(model, expert_store, slots, **options)
 

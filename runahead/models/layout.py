@@ -12,10 +12,18 @@ and up parts (gate rows first).
 gpt-oss stores its experts the other way round and with biases; its slots hold them as stored:
 ``gate_up_t [H, 2I]`` (``y = x @ W``, gate and up columns interleaved), ``down_t [I, H]``, then
 ``gate_up_bias [2I]`` and ``down_bias [H]``. The model reading a slot knows which form it holds.
+
+Stored slots (GGUF): a layout whose ``stored`` is set keeps each expert *as its file stores it*
+(Q4_0, Q8_0, F16, BF16, F32): the slot is a byte buffer, and a :class:`SlotFormat` per layer says
+where each of ``gate``, ``up``, ``down`` lies in it and in which type. The compute dequantizes a
+stored slot when it uses it (:mod:`runahead.models.quant` on torch); the format is plain data, so
+another backend (MLX: Q4_0 is affine 4-bit, group 32, scale ``d``, bias ``-8d``) reads the same
+description.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ROLES = ("gate", "up", "down", "gate_up", "gate_up_t", "down_t", "gate_up_bias", "down_bias")
@@ -42,6 +50,78 @@ def role_shape(role: str, hidden: int, inter: int) -> tuple[int, ...]:
     }[role]
 
 
+STORED_TYPES: dict[str, tuple[int, int]] = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q8_0": (32, 34),
+    "Q4_0": (32, 18),
+}
+"""Types a stored slot may hold: name -> (weights per block, bytes per block), as ggml defines them.
+
+Q8_0: an fp16 scale ``d`` then 32 int8 ``q``, weight ``d * q``. Q4_0: ``d`` then 16 bytes of nibbles,
+weight ``j`` the low nibble of byte ``j`` and weight ``j + 16`` its high nibble, ``d * (q - 8)``.
+Blocks run along a matrix row (the ``H`` of ``gate [I, H]``, the ``I`` of ``down [H, I]``).
+"""
+
+
+def stored_nbytes(kind: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a ``shape`` matrix stored as ``kind`` (:data:`STORED_TYPES`); ValueError if it cannot be.
+
+    The row length (last dim) must be a whole number of blocks.
+    """
+    if kind not in STORED_TYPES:
+        raise ValueError(f"type {kind} cannot be kept in a stored slot; supported: {', '.join(STORED_TYPES)}")
+    per_block, block_bytes = STORED_TYPES[kind]
+    if not shape or shape[-1] % per_block:
+        raise ValueError(f"{kind} rows of {list(shape)[-1:]} weights are not whole {per_block}-weight blocks")
+    return math.prod(shape) // per_block * block_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPart:
+    """One matrix of a stored slot: its ``role``, stored ``kind``, ``shape`` and byte range in the slot."""
+
+    role: str
+    kind: str
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFormat:
+    """How a stored slot holds one expert: ``gate``, ``up``, ``down`` back to back, each as stored.
+
+    Every expert of one layer has the same format; layers may differ. ``nbytes`` is the payload.
+    """
+
+    parts: tuple[SlotPart, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the expert takes in a slot (and on the link)."""
+        return self.parts[-1].stop if self.parts else 0
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The stored types of the parts, in order."""
+        return tuple(p.kind for p in self.parts)
+
+    @classmethod
+    def of(cls, ranges: tuple[TensorRange, ...], hidden: int, inter: int) -> SlotFormat:
+        """The format of an expert with these ranges (roles ``gate``, ``up``, ``down``)."""
+        by_role = {r.role: r for r in ranges}
+        parts, at = [], 0
+        for role in ("gate", "up", "down"):
+            kind = by_role[role].dtype
+            shape = role_shape(role, hidden, inter)
+            size = stored_nbytes(kind, shape)
+            parts.append(SlotPart(role, kind, shape, at, at + size))
+            at += size
+        return cls(tuple(parts))
+
+
 @dataclass(frozen=True, slots=True)
 class TensorRange:
     """A contiguous run of bytes in a safetensors file holding one matrix (or the fused gate_up)."""
@@ -49,7 +129,7 @@ class TensorRange:
     path: str
     offset: int  # absolute byte offset in the file (header included)
     nbytes: int
-    dtype: str  # safetensors dtype name: "F32", "F16", "BF16"
+    dtype: str  # "F32", "F16", "BF16" (safetensors or GGUF), or a GGUF block type: "Q8_0", "Q4_0"
     shape: tuple[int, ...]
     role: str  # one of ROLES
 
@@ -68,15 +148,30 @@ class ExpertLayout:
     intermediate_size: int  # the expert's width I
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]]  # (layer, expert) -> its ranges
     biases: bool = False  # slots end with the gate_up and down biases (gpt-oss)
+    stored: bool = False  # slots hold the experts' bytes as stored (uint8 slots, see SlotFormat)
+
+    def slot_format(self, layer: int) -> SlotFormat:
+        """The stored slot format of ``layer``'s experts (a ``stored`` layout only)."""
+        if not self.stored:
+            raise ValueError("slot_format: this layout's slots hold experts in the compute dtype")
+        return SlotFormat.of(self.ranges[layer, 0], self.hidden_size, self.intermediate_size)
 
     @property
     def slot_numel(self) -> int:
-        """Elements in one slot: gate + up + down (+ the biases)."""
+        """Elements in one slot: gate + up + down (+ the biases); bytes of the largest layer's when stored."""
+        if self.stored:
+            return max(self.slot_format(layer).nbytes for layer in range(self.num_layers))
         extra = 2 * self.intermediate_size + self.hidden_size if self.biases else 0
         return 3 * self.hidden_size * self.intermediate_size + extra
 
+    def part_offsets(self, layer: int) -> dict[str, tuple[int, int]]:
+        """Where each role of ``layer``'s experts lies in a slot: element offsets (byte offsets if stored)."""
+        if self.stored:
+            return {p.role: (p.start, p.stop) for p in self.slot_format(layer).parts}
+        return self.offsets()
+
     def offsets(self) -> dict[str, tuple[int, int]]:
-        """Element offsets ``(start, stop)`` of each role inside a slot."""
+        """Element offsets ``(start, stop)`` of each role inside a (compute-dtype) slot."""
         block, inter = self.hidden_size * self.intermediate_size, self.intermediate_size
         return {
             "gate": (0, block),

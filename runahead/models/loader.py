@@ -55,7 +55,14 @@ class TensorInfo:
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of a model folder; :class:`ModelLoadError` if absent or invalid."""
+    """The parsed ``config.json`` of a model folder; :class:`ModelLoadError` if absent or invalid.
+
+    For a ``.gguf`` file, the same keys built from its metadata (:func:`runahead.models.gguf.gguf_config`).
+    """
+    from runahead.models.gguf import gguf_config, is_gguf
+
+    if is_gguf(path):
+        return dict(gguf_config(path))
     file = Path(path) / "config.json"
     if not file.is_file():
         raise ModelLoadError(f"{path}: no config.json (not a Hugging Face model folder)")
@@ -214,8 +221,15 @@ def load_model(
 
     Called once at start-up. Routed experts are not loaded; the returned :class:`ExpertLayout`
     says where each lies. Raises :class:`ModelLoadError` naming the file, tensor or key at fault.
+    A ``.gguf`` file (or one part of a split one) loads through :func:`runahead.models.gguf.load_gguf`:
+    its experts stay as stored (a ``stored`` layout).
     """
     from safetensors import safe_open
+
+    from runahead.models.gguf import is_gguf, load_gguf
+
+    if is_gguf(path):
+        return load_gguf(path, device=device, dtype=dtype)
 
     raw = text_config(read_config(path))
     arch = get_architecture(str(raw.get("model_type")))
@@ -242,17 +256,20 @@ def load_reference_slot(
     """One expert's cache slot filled with plain buffered reads of its byte ranges.
 
     The correctness reference for the expert store, and the slot source of tests. Returns a flat
-    ``[3 * I * H]`` CPU tensor (``gate | up | down``) in ``dtype``.
+    ``[3 * I * H]`` CPU tensor (``gate | up | down``) in ``dtype``; for a ``stored`` layout the
+    slot's bytes (``uint8``, the file's own) whatever ``dtype`` says.
     """
-    slot = torch.empty(layout.slot_numel, dtype=dtype)
-    offsets = layout.offsets()
+    if layout.stored:
+        dtype = torch.uint8
+    slot = torch.zeros(layout.slot_numel, dtype=dtype)
+    offsets = layout.part_offsets(layer)
     for rng in layout.ranges[layer, expert]:
         with open(rng.path, "rb") as f:
             f.seek(rng.offset)
             data = bytearray(f.read(rng.nbytes))
         if len(data) != rng.nbytes:
             raise ModelLoadError(f"{Path(rng.path).name}: truncated: expert ({layer}, {expert}) {rng.role}")
-        tensor = torch.frombuffer(data, dtype=DTYPES[rng.dtype][0])
+        tensor = torch.frombuffer(data, dtype=torch.uint8 if layout.stored else DTYPES[rng.dtype][0])
         start, stop = offsets[rng.role]
         slot[start:stop] = tensor.to(dtype)
     return slot
@@ -262,11 +279,19 @@ def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer saved in the model folder, loaded offline with ``transformers.AutoTokenizer``.
 
     Raises ``FileNotFoundError`` when the folder has no tokenizer files (``transformers`` would
-    otherwise load an empty vocabulary that encodes every text to no tokens).
+    otherwise load an empty vocabulary that encodes every text to no tokens). A ``.gguf`` file's
+    tokenizer and chat template are built from its metadata (``tokenizer.ggml.*``) by transformers.
     """
     from transformers import AutoTokenizer
 
+    from runahead.models.gguf import is_gguf
     from runahead.tokenizer import TOKENIZER_FILES, has_tokenizer
+
+    if is_gguf(path):
+        if not has_tokenizer(path):
+            raise FileNotFoundError(f"{path} has no tokenizer in its metadata (tokenizer.ggml.tokens)")
+        file = Path(path)
+        return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
 
     if not has_tokenizer(path):
         raise FileNotFoundError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")

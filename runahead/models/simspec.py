@@ -4,7 +4,9 @@ The torch backend and the sim then read one description of the model: the archit
 :meth:`~runahead.models.description.ModelDescription.parse_config` gives the layer layout and shapes,
 :meth:`~runahead.models.description.ModelDescription.weight_shapes` the exact non-expert parameters.
 So ``runahead bench --backend sim --model <folder>`` simulates the model a user owns on a profile.
-Weights are counted at the config's dtype (``torch_dtype`` / ``dtype``; bf16 if absent).
+Weights are counted at the config's dtype (``torch_dtype`` / ``dtype``; bf16 if absent); a GGUF
+file's routed experts at their stored type's bits per weight (Q4_0: 4.5), so a simulated fetch
+moves the bytes the disk store reads.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ BITS = {"float32": 32.0, "bfloat16": 16.0, "float16": 16.0}
 
 
 def spec_from_folder(path: str | Path) -> ModelSpec:
-    """The sim's spec of the model in ``path`` (a folder with ``config.json``).
+    """The sim's spec of the model in ``path`` (a folder with ``config.json``, or a ``.gguf`` file).
 
     Raises ``ValueError`` when the layer layout is not one the sim models (full-attention layers
     every ``n``-th layer, the others all sliding-window or all linear attention).
@@ -63,7 +65,7 @@ def spec_from_folder(path: str | Path) -> ModelSpec:
         num_attention_heads=config.num_attention_heads,
         num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim,
-        bits_per_weight=BITS.get(dtype, 16.0),
+        bits_per_weight=float(raw.get("expert_bits_per_weight") or BITS.get(dtype, 16.0)),
         kv_bytes_per_element=BITS.get(dtype, 16.0) / 8,
         num_shared_experts=1 if config.shared_expert_size else 0,
         shared_expert_width=config.shared_expert_size,
@@ -71,7 +73,7 @@ def spec_from_folder(path: str | Path) -> ModelSpec:
         full_attention_interval=interval if local else 1,
         sliding_window=(window or 0) if local == {"sliding_attention"} else 0,
         linear_state_bytes=linear_state,
-        sources=(f"{Path(path) / 'config.json'} (parsed as {arch.model_type})",),
+        sources=(f"{_source(path)} (parsed as {arch.model_type})",),
     )
     # Non-expert layer weights the head shape does not count (linear attention, norms, biases, gates).
     shapes = arch.weight_shapes(config)
@@ -79,3 +81,8 @@ def spec_from_folder(path: str | Path) -> ModelSpec:
     modelled = config.num_layers * (spec.attention_params_per_layer + spec.ffn_shared_params_per_layer)
     other = max(0, round((layer_params - modelled) / config.num_layers))
     return replace(spec, other_params_per_layer=other)
+
+
+def _source(path: str | Path) -> str:
+    """Where the config was read: a GGUF's metadata or a folder's ``config.json``."""
+    return f"{path} metadata" if str(path).endswith(".gguf") else str(Path(path) / "config.json")

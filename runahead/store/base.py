@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from runahead.models.layout import ROLE_SETS, ExpertLayout, TensorRange, role_shape
+from runahead.models.layout import ROLE_SETS, ExpertLayout, TensorRange, role_shape, stored_nbytes
 
 DTYPES: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 """Safetensors dtype names the stores read, and their torch dtypes."""
@@ -54,8 +54,20 @@ class SlotPool:
     """The expert cache's slot memory: one preallocated ``[num_slots, slot_numel]`` tensor.
 
     Created once by the backend; on CUDA it lives on the device. ``slot(i)`` is a view into it, so
-    a store that writes the view writes the cache.
+    a store that writes the view writes the cache. For a ``stored`` layout (GGUF) the slots are
+    bytes (``uint8``) holding experts as their file stores them (:meth:`for_layout`).
     """
+
+    @classmethod
+    def for_layout(
+        cls,
+        num_slots: int,
+        layout: ExpertLayout,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> SlotPool:
+        """Slots for ``layout``'s experts: in ``dtype``, or bytes as stored when ``layout.stored``."""
+        return cls(num_slots, layout.slot_numel, torch.uint8 if layout.stored else dtype, device)
 
     def __init__(
         self,
@@ -130,8 +142,9 @@ def validate_layout(layout: ExpertLayout, check_files: bool = True) -> None:
 
     Each expert needs ``gate`` + ``up`` + ``down`` or ``gate_up`` + ``down``; each range's shape (leading
     1-dims ignored) must be the role's ``[I, H]`` / ``[H, I]`` / ``[2I, H]``, its dtype one of
-    :data:`DTYPES` and ``nbytes`` the shape's size. With ``check_files`` every range must lie inside its
-    file (a truncated file is named). Called by the stores' constructors.
+    :data:`DTYPES` (of :data:`~runahead.models.layout.STORED_TYPES` for a stored layout, the same for
+    every expert of a layer) and ``nbytes`` the shape's size in that type. With ``check_files``
+    every range must lie inside its file (a truncated file is named). Called by the stores' constructors.
     """
     hidden, inter = layout.hidden_size, layout.intermediate_size
     sizes: dict[str, int] = {}
@@ -142,8 +155,13 @@ def validate_layout(layout: ExpertLayout, check_files: bool = True) -> None:
                 f"expert ({layer}, {expert}): ranges have roles {list(roles)}; expected one of "
                 + ", ".join("+".join(s) for s in ROLE_SETS)
             )
+        if layout.stored:
+            kinds = tuple(sorted((r.role, r.dtype) for r in ranges))
+            first = tuple(sorted((r.role, r.dtype) for r in layout.ranges[layer, 0]))
+            if kinds != first:
+                raise StoreError(f"expert ({layer}, {expert}): types {kinds} differ from expert 0's {first}")
         for r in ranges:
-            if r.dtype not in DTYPES:
+            if r.dtype not in DTYPES and not layout.stored:
                 raise StoreError(
                     f"{_where(r)}: unsupported dtype {r.dtype!r}; expected one of {sorted(DTYPES)}"
                 )
@@ -154,7 +172,13 @@ def validate_layout(layout: ExpertLayout, check_files: bool = True) -> None:
                     f"{_where(r)}: expected shape {list(want)} for H={hidden}, I={inter}, "
                     f"found {list(r.shape)}"
                 )
-            want_bytes = math.prod(want) * DTYPES[r.dtype].itemsize
+            if layout.stored:
+                try:
+                    want_bytes = stored_nbytes(r.dtype, want)
+                except ValueError as exc:
+                    raise StoreError(f"{_where(r)}: {exc}") from None
+            else:
+                want_bytes = math.prod(want) * DTYPES[r.dtype].itemsize
             if r.nbytes != want_bytes:
                 raise StoreError(
                     f"{_where(r)}: expected {want_bytes} bytes ({r.dtype} {list(want)}), found {r.nbytes}"
@@ -184,9 +208,10 @@ class _Read:
     parts: tuple[tuple[TensorRange, int, int, int], ...]  # (range, byte offset in run, slot start, slot stop)
 
 
-def _plan(layout: ExpertLayout, ranges: Iterable[TensorRange]) -> tuple[_Read, ...]:
-    """Group one expert's ranges into reads: same file and back to back -> one read."""
-    offsets = layout.offsets()
+def _plan(layout: ExpertLayout, key: tuple[int, int]) -> tuple[_Read, ...]:
+    """Group expert ``key``'s ranges into reads: same file and back to back -> one read."""
+    ranges: Iterable[TensorRange] = layout.ranges[key]
+    offsets = layout.part_offsets(key[0])
     reads: list[_Read] = []
     run: list[TensorRange] = []
 

@@ -52,7 +52,7 @@ class DiskStore:
         self.queue_depth = queue_depth
         self.bytes_read = 0
         self.reads = 0
-        self._plans = {key: _plan(layout, ranges) for key, ranges in layout.ranges.items()}
+        self._plans = {key: _plan(layout, key) for key in layout.ranges}
         self._payload = {key: sum(r.nbytes for r in ranges) for key, ranges in layout.ranges.items()}
         largest = max((run.nbytes for plan in self._plans.values() for run in plan), default=0)
         self._files = _FileReader(

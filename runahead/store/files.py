@@ -170,9 +170,12 @@ class _DirectRefused(Exception):
 def _copy_run(
     buf: mmap.mmap, base: int, run: _Read, slot: torch.Tensor, *, non_blocking: bool = False
 ) -> None:
-    """Copy each range of ``run`` (``buf`` from byte ``base``) into its part of ``slot``, converting dtype."""
+    """Copy each range of ``run`` (``buf`` from byte ``base``) into its part of ``slot``, converting dtype.
+
+    A byte (``uint8``) slot is a stored layout's: its ranges are copied as they are (quantized blocks).
+    """
     for r, at, lo, hi in run.parts:
-        dtype = DTYPES[r.dtype]
+        dtype = torch.uint8 if slot.dtype == torch.uint8 else DTYPES[r.dtype]
         src = torch.frombuffer(buf, dtype=dtype, count=r.nbytes // dtype.itemsize, offset=base + at)
         slot[lo:hi].copy_(src, non_blocking=non_blocking)
         del src  # release the buffer export before the buffer is reused or closed

@@ -39,19 +39,19 @@ class HostStore:
     ) -> None:
         validate_layout(layout)
         self.layout = layout
-        self.dtype = dtype
+        self.dtype = torch.uint8 if layout.stored else dtype  # a stored layout keeps the file's bytes
         self.queue_depth = queue_depth
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.bytes_read = 0
         self.reads = 0
         self._index = {key: i for i, key in enumerate(sorted(layout.ranges))}
         self.image = torch.empty(
-            (len(self._index), layout.slot_numel), dtype=dtype, pin_memory=self.pin_memory
+            (len(self._index), layout.slot_numel), dtype=self.dtype, pin_memory=self.pin_memory
         )
         files = _FileReader((r.path for rs in layout.ranges.values() for r in rs), direct=True)
         try:
             for key, i in self._index.items():
-                for run in _plan(layout, layout.ranges[key]):
+                for run in _plan(layout, key):
                     buf, base = files.read(run)
                     _copy_run(buf, base, run, self.image[i])
         finally:

@@ -1,0 +1,316 @@
+"""Load a GGUF model (llama.cpp's format): resident weights dequantized once, experts kept as stored.
+
+Reads the file(s) with the ``gguf`` package's ``GGUFReader``: the metadata (``general.architecture``
+and the ``<arch>.*`` keys) becomes the architecture's config, and every tensor comes with its
+absolute ``data_offset``. Names and metadata are those of llama.cpp's ``convert_hf_to_gguf.py``:
+``token_embd``, ``output_norm``, ``output`` (absent when tied), and per layer ``blk.N.attn_norm``,
+``attn_q/k/v/output`` (``.bias``), ``attn_q_norm`` / ``attn_k_norm``, ``ffn_norm`` (the
+post-attention norm), the router ``ffn_gate_inp``, a shared expert ``ffn_{gate,up,down}_shexp``
+with its gate ``ffn_gate_inp_shexp``, and the routed experts stacked as
+``ffn_{gate,up,down}_exps [E, I, H] / [E, H, I]`` (numpy order), each expert a contiguous slice.
+
+Routed experts are not read here: the returned :class:`ExpertLayout` is ``stored`` and gives each
+expert's bytes per stacked tensor at their absolute offsets, in the file's type (Q4_0, Q8_0, F16,
+BF16, F32), for the expert store to read into byte slots. Experts of any other type (Q4_K, ...)
+are refused by name. Resident tensors are dequantized once with ``gguf.quants`` (any type it
+knows, else refused by name) and cast to the compute dtype.
+
+Architectures: ``qwen3moe``, ``qwen2moe``, ``olmoe`` and llama-style Mixtral (``llama`` with
+``expert_count``; its q/k rows are un-permuted back from llama.cpp's interleaved RoPE order).
+Split files (``name-00001-of-00003.gguf``) load from any one of their parts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from runahead.models import get_architecture
+from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
+from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange
+
+MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe", "llama": "mixtral"}
+"""GGUF ``general.architecture`` -> the runtime's ``model_type``."""
+
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True}
+"""Whether llama.cpp renormalises the top-k routing weights of each architecture (it fixes this per
+architecture; the GGUF carries no such key for these)."""
+
+SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` names a GGUF file (what :func:`runahead.models.loader.load_model` dispatches on)."""
+    return str(path).endswith(".gguf") and Path(path).is_file()
+
+
+def gguf_files(path: str | Path) -> list[Path]:
+    """The file itself, or every part of a split GGUF (``-0000K-of-0000N.gguf``) in order."""
+    file = Path(path)
+    match = SPLIT.match(file.name)
+    if match is None:
+        return [file]
+    count = int(match["count"])
+    files = [file.with_name(f"{match['stem']}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+    for part in files:
+        if not part.is_file():
+            raise ModelLoadError(f"{file}: missing part {part.name} of a {count}-part GGUF")
+    return files
+
+
+class GGUFModel:
+    """The metadata and tensors of a (possibly split) GGUF, by name, with the file each lies in."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.fields: dict[str, Any] = {}
+        self.tensors: dict[str, tuple[Path, Any]] = {}
+        for file in gguf_files(path):
+            try:
+                reader = _open(file)
+            except ModelLoadError:
+                raise
+            except Exception as err:  # the reader raises ValueError/IndexError/struct errors
+                raise ModelLoadError(
+                    f"{file}: not a readable GGUF file ({type(err).__name__}: {err})"
+                ) from None
+            if not self.fields:
+                self.fields = {name: field.contents() for name, field in reader.fields.items()}
+            self.tensors.update({t.name: (file, t) for t in reader.tensors})
+
+    def meta(self, key: str, default: Any = ModelLoadError) -> Any:
+        """Metadata value ``key``; a :class:`ModelLoadError` naming it when absent and no default."""
+        if key in self.fields:
+            return self.fields[key]
+        if default is ModelLoadError:
+            raise ModelLoadError(f"{self.path}: metadata lacks {key!r}")
+        return default
+
+    def kind(self, name: str) -> str:
+        """The ggml type name of tensor ``name`` (``Q4_0``, ``F32``, ...)."""
+        return str(self.tensors[name][1].tensor_type.name)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor ``name``'s shape in numpy (row-major) order: ggml's dims reversed."""
+        return tuple(int(d) for d in reversed(self.tensors[name][1].shape))
+
+    def dequantized(self, name: str) -> np.ndarray[Any, Any]:
+        """Tensor ``name`` as float32, with its numpy shape; refuses a type ``gguf`` cannot dequantize."""
+        from gguf import quants
+
+        if name not in self.tensors:
+            raise ModelLoadError(f"{self.path}: missing tensor {name}")
+        file, tensor = self.tensors[name]
+        try:
+            values = quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError:
+            raise ModelLoadError(
+                f"{file}: tensor {name} has type {self.kind(name)}, which is not supported"
+            ) from None
+        return np.asarray(values, dtype=np.float32).reshape(self.shape(name))
+
+
+def _open(file: Path) -> Any:
+    """A ``GGUFReader`` of ``file`` that first checks every tensor's extent (see :func:`_check_extents`)."""
+    from gguf import GGUFReader
+
+    class CheckedReader(GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            _check_extents(file, len(self.data), start_offs, fields)
+            super()._build_tensors(start_offs, fields)
+
+    return CheckedReader(file)
+
+
+def _check_extents(file: Path, size: int, start: int, fields: list[Any]) -> None:
+    """Refuse, by name, a tensor of unknown type, whose rows are not whole blocks of its type, or whose
+    bytes (from its type and shape) overrun the next tensor or the file's end (a truncated file).
+
+    ``fields`` are the reader's tensor-info fields: parts ``(name length, name, n_dims, dims, type,
+    offset)``; runs before the reader maps the data, which would fail without naming the tensor.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    extents = []
+    for field in fields:
+        _, name_data, _, dims, raw_type, offset = field.parts
+        name = bytes(name_data).decode("utf-8", "replace")
+        try:
+            kind = GGMLQuantizationType(int(raw_type[0]))
+        except ValueError:
+            raise ModelLoadError(f"{file}: tensor {name} has unknown ggml type {int(raw_type[0])}") from None
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        shape = [int(d) for d in reversed(dims.tolist())]
+        if not shape or shape[-1] % block:
+            raise ModelLoadError(
+                f"{file}: tensor {name} ({kind.name} {shape}): rows are not whole {block}-weight blocks"
+            )
+        begin = start + int(offset[0])
+        end = begin + math.prod(shape) // block * block_bytes
+        extents.append((begin, end, name, str(kind.name), shape))
+    extents.sort()
+    for (begin, end, name, kind_name, shape), after in zip(extents, [*extents[1:], None], strict=True):
+        limit = size if after is None else after[0]
+        if end > limit:
+            what = "the file's end" if after is None else f"tensor {after[2]} at byte {limit}"
+            raise ModelLoadError(
+                f"{file}: tensor {name} ({kind_name} {shape}) needs bytes {begin}..{end}, past {what} "
+                f"(truncated file, or a byte count that does not match its type and shape)"
+            )
+
+
+def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
+    """``(GGUF architecture, config.json-style dict)`` from the metadata."""
+    arch = str(model.meta("general.architecture"))
+    if arch not in MODEL_TYPES:
+        raise ModelLoadError(
+            f"{model.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
+        )
+
+    def key(name: str, default: Any = ModelLoadError) -> Any:
+        return model.meta(f"{arch}.{name}", default)
+
+    experts = int(key("expert_count", 0))
+    if experts < 1:
+        raise ModelLoadError(f"{model.path}: {arch} without {arch}.expert_count is a dense model, not MoE")
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    vocab = model.shape("token_embd.weight")[0] if "token_embd.weight" in model.tensors else 0
+    raw: dict[str, Any] = {
+        "model_type": MODEL_TYPES[arch],
+        "num_hidden_layers": int(key("block_count")),
+        "num_experts": experts,
+        "num_experts_per_tok": int(key("expert_used_count")),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(key("context_length", 4096)),
+        "vocab_size": int(key("vocab_size", vocab)),
+        "tie_word_embeddings": "output.weight" not in model.tensors,
+        "bos_token_id": model.meta("tokenizer.ggml.bos_token_id", None),
+        "eos_token_id": model.meta("tokenizer.ggml.eos_token_id", None),
+        "norm_topk_prob": NORM_TOPK[arch],
+    }
+    scaling = key("rope.scaling.type", "none")
+    if scaling == "linear":
+        raw["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+    elif scaling != "none":
+        raise ModelLoadError(f"{model.path}: RoPE scaling {scaling!r} is not supported (only linear)")
+    width = int(key("expert_feed_forward_length", 0)) or int(key("feed_forward_length"))
+    raw["moe_intermediate_size"] = raw["intermediate_size"] = width
+    if arch == "qwen2moe":
+        raw["shared_expert_intermediate_size"] = int(key("expert_shared_feed_forward_length"))
+        raw["qkv_bias"] = "blk.0.attn_q.bias" in model.tensors
+    if arch in ("qwen3moe", "olmoe"):
+        raw["attention_bias"] = "blk.0.attn_q.bias" in model.tensors
+    experts_0 = [model.tensors.get(f"blk.0.{short}.weight") for short, _ in EXPERT_TENSORS]
+    if all(found is not None for found in experts_0):
+        tensors = [found[1] for found in experts_0 if found is not None]
+        bits = 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
+        raw["expert_bits_per_weight"] = bits  # what a fetch moves per weight (Q4_0: 4.5)
+    return arch, raw
+
+
+def gguf_names(config: MoEConfig) -> dict[str, str]:
+    """Canonical resident weight name -> its GGUF tensor name (``convert_hf_to_gguf.py``'s)."""
+    names = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
+    per = {
+        "input_norm": "attn_norm", "post_norm": "ffn_norm", "router": "ffn_gate_inp",
+        "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+        "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "shared_gate": "ffn_gate_shexp",
+        "shared_up": "ffn_up_shexp", "shared_down": "ffn_down_shexp",
+        "shared_expert_gate": "ffn_gate_inp_shexp",
+    }  # fmt: skip
+    for layer in range(config.num_layers):
+        for key, name in per.items():
+            names[f"{layer}.{key}"] = f"blk.{layer}.{name}.weight"
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names[f"{layer}.{proj}.bias"] = f"blk.{layer}.{per[proj]}.bias"
+    return names
+
+
+EXPERT_TENSORS = (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down"))
+"""A layer's stacked expert tensors (``blk.N.<name>.weight``) and the slot role of each."""
+
+
+def expert_layout(model: GGUFModel, config: MoEConfig) -> ExpertLayout:
+    """Each expert's bytes in each stacked tensor at their absolute offsets, as stored (a stored layout)."""
+    h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
+    shapes = {"gate": (n, i, h), "up": (n, i, h), "down": (n, h, i)}
+    ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
+    for layer in range(config.num_layers):
+        found = []
+        for short, role in EXPERT_TENSORS:
+            name = f"blk.{layer}.{short}.weight"
+            if name not in model.tensors:
+                raise ModelLoadError(f"{model.path}: missing tensor {name}")
+            file, tensor = model.tensors[name]
+            kind = model.kind(name)
+            if kind not in STORED_TYPES:
+                raise ModelLoadError(
+                    f"{file}: tensor {name} has type {kind}; experts must be one of "
+                    f"{', '.join(STORED_TYPES)} (requantize the file, e.g. llama-quantize ... Q4_0)"
+                )
+            if model.shape(name) != shapes[role]:
+                raise ModelLoadError(
+                    f"{file}: tensor {name}: expected shape {list(shapes[role])}, "
+                    f"found {list(model.shape(name))}"
+                )
+            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, role))
+        for e in range(n):
+            ranges[layer, e] = tuple(
+                TensorRange(path, offset + e * per, per, kind, (i, h) if role != "down" else (h, i), role)
+                for path, offset, per, kind, role in found
+            )
+    return ExpertLayout(config.num_layers, n, h, i, ranges, stored=True)
+
+
+def _unpermute(w: np.ndarray[Any, Any], heads: int) -> np.ndarray[Any, Any]:
+    """Undo ``convert_hf_to_gguf.py``'s q/k row permutation for llama's interleaved RoPE."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_gguf(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[MoEModel, ExpertLayout]:
+    """Load a GGUF MoE: resident weights dequantized into ``dtype`` on ``device``, experts as a stored layout.
+
+    The returned model's ``slot_formats`` say how each layer's slots hold its experts. Raises
+    :class:`ModelLoadError` naming the file and tensor or key at fault.
+    """
+    model = GGUFModel(path)
+    arch_name, raw = read_config(model)
+    arch: type[MoEModel] = get_architecture(raw["model_type"])
+    config = arch.parse_config(raw)
+    names = gguf_names(config)
+    weights: dict[str, torch.Tensor] = {}
+    for key, shape in arch.weight_shapes(config).items():
+        values = model.dequantized(names[key])
+        if values.size != int(np.prod(shape)):
+            raise ModelLoadError(
+                f"{model.path}: tensor {names[key]}: expected shape {list(shape)}, found {list(values.shape)}"
+            )
+        values = values.reshape(shape)
+        if arch_name == "llama" and key.endswith(("q_proj", "k_proj")):
+            heads = config.num_attention_heads if key.endswith("q_proj") else config.num_kv_heads
+            values = _unpermute(values, heads)
+        weights[key] = torch.from_numpy(np.array(values, dtype=np.float32)).to(
+            device=device, dtype=dtype, copy=True
+        )
+    layout = expert_layout(model, config)
+    built = arch(config, weights)
+    built.slot_formats = {layer: layout.slot_format(layer) for layer in range(config.num_layers)}
+    return built, layout
+
+
+def gguf_config(path: str | Path) -> Mapping[str, Any]:
+    """The config.json-style dict of a GGUF's metadata (for tools that want the architecture's numbers)."""
+    return read_config(GGUFModel(path))[1]

@@ -1,0 +1,64 @@
+"""Dequantize a stored cache slot (GGUF Q4_0 / Q8_0 / F16 / BF16 / F32 experts) on its device.
+
+The torch side of the stored slot format of :mod:`runahead.models.layout`: the cache keeps each
+expert as its file stores it, and the MoE turns a slot into the compute dtype only while a group
+uses it (:meth:`runahead.models.base.MoEModel.expert_weights`); no full-width copy outlives the
+group. The arithmetic is ggml's and the ``gguf`` package's reference dequantizer's: a float32
+product of the fp16 scale and the integer weight, so the weights equal what transformers reads
+from the same file.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from runahead.models.layout import SlotFormat
+
+FLOAT_KINDS: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def dequantize(data: Tensor, kind: str, shape: tuple[int, ...], out: Tensor | None = None) -> Tensor:
+    """The float32 matrix ``shape`` stored as ``kind`` in the bytes ``data`` (``uint8``, any device).
+
+    Writes into ``out`` (a contiguous float32 tensor of ``shape``'s size) when given: a block's 32
+    weights are consecutive in the matrix, so each block dequantizes in place, with no copy.
+    """
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32, device=data.device)
+    if kind in FLOAT_KINDS:
+        return out.view(shape).copy_(data.view(FLOAT_KINDS[kind]).view(shape))
+    if kind == "Q8_0":
+        blocks = data.view(-1, 34)
+        scale = blocks[:, :2].contiguous().view(torch.float16).float()
+        weights = out.view(-1, 32)
+        weights.copy_(blocks[:, 2:].contiguous().view(torch.int8))
+        return weights.mul_(scale).view(shape)
+    if kind == "Q4_0":
+        blocks = data.view(-1, 18)
+        scale = blocks[:, :2].contiguous().view(torch.float16).float()
+        nibbles = blocks[:, 2:]
+        halves = out.view(-1, 2, 16)  # weights 0-15: low nibbles; 16-31: high nibbles
+        halves[:, 0].copy_(nibbles & 0x0F)
+        halves[:, 1].copy_(nibbles >> 4)
+        return halves.sub_(8).mul_(scale.unsqueeze(-1)).view(shape)
+    raise ValueError(f"cannot dequantize type {kind}")
+
+
+def dequantize_slot(slot: Tensor, fmt: SlotFormat, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+    """A stored slot as the compute-dtype slot format: flat ``gate | up | down`` in ``dtype``.
+
+    ``out``: a float32 buffer (on the slot's device) of at least the expert's weights to dequantize
+    into; a fresh one when None.
+    """
+    sizes = [math.prod(p.shape) for p in fmt.parts]
+    if out is None:
+        out = torch.empty(sum(sizes), dtype=torch.float32, device=slot.device)
+    flat = out[: sum(sizes)]
+    at = 0
+    for part, size in zip(fmt.parts, sizes, strict=True):
+        dequantize(slot[part.start : part.stop], part.kind, part.shape, flat[at : at + size])
+        at += size
+    return flat if dtype == torch.float32 else flat.to(dtype)

@@ -1,0 +1,251 @@
+"""GGUF models with experts kept quantized in the cache: greedy tokens equal the float32 reference.
+
+Tiny random models of each architecture are written as GGUF (llama.cpp's names and metadata, see
+:mod:`ggufhelpers`) at Q4_0 and Q8_0. The judge is transformers on the *dequantized* weights: its
+own GGUF loader (``gguf_file=``) for qwen3moe / qwen2moe; for olmoe and llama-style Mixtral, which
+transformers 5.24 cannot load from GGUF, the HF folder with every weight replaced by the GGUF's,
+dequantized with ``gguf.quants``. The runtime runs 8 requests at once with 8 cache slots for 24
+experts, reading the experts' quantized bytes from the file with O_DIRECT, under every policy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ggufhelpers import GGUF_ARCH, build_tiny_gguf, dequantized_folder, transformers_gguf, write_gguf
+from test_torch_backend import PROMPTS, TOKENS, run
+
+from runahead.models.base import ModelLoadError
+from runahead.models.gguf import load_gguf
+from runahead.models.layout import STORED_TYPES
+from runahead.models.loader import load_model, load_reference_slot
+from runahead.models.quant import dequantize
+from runahead.store import DiskStore, HostStore, SlotPool
+
+from simhelpers import POLICIES
+
+CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in GGUF_ARCH]
+POLICY_CASES = [(case, policy) for case in CASES for policy in POLICIES]
+
+
+def _reference(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
+    """transformers on the GGUF's dequantized weights (its own GGUF loader where it has one)."""
+    from transformers import AutoModelForCausalLM
+
+    if GGUF_ARCH[arch] in ("qwen3moe", "qwen2moe"):
+        return transformers_gguf(gguf_path, hf).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        dequantized_folder(gguf_path, hf, folder / "dequantized"),
+        dtype=torch.float32,
+        attn_implementation="eager",
+    ).eval()
+
+
+def _checked_run(arch: str, kind: str, folder: Path) -> dict[str, Any]:
+    """A tiny GGUF and the runtime's greedy tokens on it, checked against the reference.
+
+    8 requests at once, 8 cache slots for 24 experts (policy ``runahead``). Greedy decoding equals
+    the reference's exactly when, at every step, the reference's argmax after the same prefix is the
+    token chosen: one teacher-forced reference pass over each prompt + our tokens checks all steps
+    (cheaper than the reference's own step-by-step ``generate``), and bounds the logits too.
+    """
+    path, hf = build_tiny_gguf(arch, folder, kind)
+    reference = _reference(arch, path, hf, folder)
+    tokens, logits, runtime = run(path, "runahead", requests=8, slots=8, barrier=False)
+    assert runtime.cache.stats.fetches > 0 and runtime.cache.stats.evictions > 0
+    with torch.no_grad():
+        for index, prompt in enumerate(PROMPTS):
+            assert len(tokens[index]) == TOKENS
+            sequence = torch.tensor([prompt + tokens[index]])
+            ref = reference(sequence).logits[0, len(prompt) - 1 : -1]
+            assert ref.argmax(-1).tolist() == tokens[index], f"request {index}: greedy tokens differ"
+            assert (torch.stack(logits[index]) - ref).abs().max().item() < 1e-4
+    return {"path": path, "kind": kind, "expected": tokens}
+
+
+@pytest.fixture(scope="module")
+def gguf_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], dict[str, Any]]:
+    """``get(arch, kind)``: :func:`_checked_run` of that case, built once per module."""
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get(arch: str, kind: str) -> dict[str, Any]:
+        if (arch, kind) not in done:
+            done[arch, kind] = _checked_run(arch, kind, tmp_path_factory.mktemp(f"{arch}-{kind}"))
+        return done[arch, kind]
+
+    return get
+
+
+@pytest.mark.parametrize(("arch", "kind"), CASES)
+def test_tokens_and_logits_equal_the_reference(gguf_models: Any, arch: str, kind: str) -> None:
+    assert len(gguf_models(arch, kind)["expected"]) == len(PROMPTS)
+
+
+@pytest.mark.parametrize(("case", "policy"), POLICY_CASES, ids=[f"{a}-{k}-{p}" for (a, k), p in POLICY_CASES])
+def test_every_policy_generates_the_reference_tokens(
+    gguf_models: Any, case: tuple[str, str], policy: str
+) -> None:
+    model = gguf_models(*case)
+    tokens, _, runtime = run(model["path"], policy, requests=8, slots=8)
+    assert tokens == model["expected"]
+    assert runtime.cache.stats.fetches > 0 and runtime.cache.stats.evictions > 0
+
+
+@pytest.mark.parametrize(("arch", "kind"), CASES)
+def test_slots_hold_experts_as_stored(gguf_models: Any, arch: str, kind: str) -> None:
+    _, layout = load_gguf(gguf_models(arch, kind)["path"])
+    assert layout.stored and layout.slot_format(0).kinds == (kind, kind, kind)
+    per_block, block_bytes = STORED_TYPES[kind]
+    h, i = layout.hidden_size, layout.intermediate_size
+    assert layout.slot_numel == 3 * h * i // per_block * block_bytes  # bytes, as stored
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("qwen3_moe", "Q4_0"), ("mixtral", "Q8_0")])
+def test_host_store_and_prefill_waves(gguf_models: Any, arch: str, kind: str) -> None:
+    model = gguf_models(arch, kind)
+    tokens, _, _ = run(model["path"], "runahead", requests=5, slots=4, store="host")
+    assert tokens == {i: model["expected"][i] for i in range(5)}
+    tokens, _, _ = run(model["path"], "runahead", requests=8, slots=6, barrier=False, chunk=2)
+    assert tokens == model["expected"]
+
+
+# --- the store: quantized bytes at unaligned offsets ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return build_tiny_gguf("qwen3_moe", tmp_path_factory.mktemp("q4"), "Q4_0")
+
+
+def test_disk_store_reads_the_files_bytes_into_byte_slots(q4: tuple[Path, Path]) -> None:
+    import asyncio
+
+    path, _ = q4
+    _, layout = load_model(path)
+    offsets = [r.offset for rs in layout.ranges.values() for r in rs]
+    assert any(o % 4096 for o in offsets)  # GGUF aligns to 32 bytes only: most reads are unaligned
+    pool = SlotPool.for_layout(4, layout)
+    assert pool.dtype == torch.uint8 and pool.slot_numel == layout.slot_format(0).nbytes
+    for store in (DiskStore(layout), HostStore(layout)):
+        with store:
+
+            async def read_all(store: Any = store) -> None:
+                for key in sorted(layout.ranges):
+                    await store.read_into(*key, pool.slot(0))
+                    assert torch.equal(pool.slot(0), load_reference_slot(layout, *key))
+
+            asyncio.run(read_all())
+            payload = sum(r.nbytes for rs in layout.ranges.values() for r in rs)
+            assert store.bytes_read == payload == len(layout.ranges) * layout.slot_numel
+
+
+def test_dequantized_slot_equals_the_gguf_packages_dequantizer(q4: tuple[Path, Path]) -> None:
+    import numpy as np
+    from gguf import GGUFReader, quants
+
+    path, _ = q4
+    model, layout = load_model(path)
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == "blk.1.ffn_down_exps.weight")
+    want = quants.dequantize(tensor.data, tensor.tensor_type)[3]  # expert 3's down [H, I]
+    slot = load_reference_slot(layout, 1, 3)
+    part = layout.slot_format(1).parts[2]
+    got = dequantize(slot[part.start : part.stop], part.kind, part.shape)
+    assert np.array_equal(got.numpy(), want)
+    flat = model.expert_weights(1, slot, torch.float32)
+    h, i = layout.hidden_size, layout.intermediate_size
+    assert flat.shape == (3 * h * i,) and torch.equal(flat[2 * h * i :].view(h, i), got)
+
+
+def test_split_files_load_like_one(q4: tuple[Path, Path], tmp_path: Path) -> None:
+    path, hf = q4
+    first = write_gguf(hf, tmp_path / "split.gguf", "Q4_0", split_tensors=12)
+    parts = sorted(tmp_path.glob("split-*-of-*.gguf"))
+    assert len(parts) > 2 and first == parts[0]
+    one, one_layout = load_model(path)
+    split, split_layout = load_model(parts[-1])  # any part names the whole model
+    assert {r.path for rs in split_layout.ranges.values() for r in rs} > {str(parts[-1])}
+    for key in [(0, 0), (2, 7)]:
+        assert torch.equal(load_reference_slot(one_layout, *key), load_reference_slot(split_layout, *key))
+    assert all(torch.equal(one.weights[k], split.weights[k]) for k in one.weights)
+    parts[1].unlink()
+    with pytest.raises(ModelLoadError, match=f"missing part {parts[1].name}"):
+        load_model(first)
+
+
+# --- bad files are refused by name ----------------------------------------------------------------
+
+
+def test_truncated_file_is_refused_naming_file_and_tensor(q4: tuple[Path, Path], tmp_path: Path) -> None:
+    path, _ = q4
+    bad = tmp_path / "truncated.gguf"
+    shutil.copy(path, bad)
+    os.truncate(bad, bad.stat().st_size - 3000)
+    with pytest.raises(ModelLoadError, match=rf"{bad}: tensor blk\.\d\.\w+\.weight .*past the file's end"):
+        load_model(bad)
+
+
+def test_tensor_bytes_not_matching_its_shape_are_refused(q4: tuple[Path, Path], tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    path, _ = q4
+    bad = tmp_path / "grown.gguf"
+    shutil.copy(path, bad)
+    reader = GGUFReader(bad, "r+")
+    victim = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    victim.field.parts[3][2] = 9  # 9 experts declared, 8 experts' bytes before the next tensor
+    reader.data.flush()
+    del reader
+    with pytest.raises(ModelLoadError, match=rf"{bad}: tensor blk\.0\.ffn_gate_exps\.weight .*past tensor"):
+        load_model(bad)
+
+
+def test_unsupported_expert_type_is_refused_by_name(tmp_path: Path) -> None:
+    path, _ = build_tiny_gguf("olmoe", tmp_path, "Q4_1")
+    with pytest.raises(ModelLoadError, match=rf"{path}: tensor blk\.0\.ffn_gate_exps\.weight has type Q4_1"):
+        load_model(path)
+
+
+def test_tokenizer_and_chat_template_come_from_the_metadata(tmp_path: Path) -> None:
+    from runahead.models.loader import load_tokenizer
+    from runahead.tokenizer import CHAT_TEMPLATE, has_tokenizer, save_tokenizer
+
+    from modelhelpers import VOCAB, build_tiny_model
+
+    hf = build_tiny_model("qwen3_moe", tmp_path / "hf", moe_intermediate_size=96, vocab_size=512)
+    for stale in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / stale).unlink(missing_ok=True)
+    save_tokenizer(hf, 512)
+    path = write_gguf(hf, tmp_path / "tok.gguf", "Q8_0", tokenizer=True)
+    assert has_tokenizer(path) and VOCAB < 512
+    from transformers import AutoTokenizer
+
+    ours, original = load_tokenizer(path), AutoTokenizer.from_pretrained(hf)
+    text = "the cat sat on the mat"
+    assert ours.encode(text, add_special_tokens=False) == original.encode(text, add_special_tokens=False)
+    chat = [{"role": "user", "content": "hello"}]
+    assert ours.chat_template == CHAT_TEMPLATE
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        original.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    )
+    from runahead.cli import main
+
+    argv = ["generate", str(path), "--prompt", text, "--max-tokens", "3", "--cache-fraction", "0.5", "--json"]
+    assert main(argv) == 0
+
+
+def test_gguf_config_gives_the_sim_the_bytes_a_fetch_moves(q4: tuple[Path, Path]) -> None:
+    from runahead.generate import recorded_spec
+
+    path, _ = q4
+    model, layout = load_model(path)
+    from runahead.specs import load_model_spec
+
+    for spec in (recorded_spec(model.config, path, "tiny-q4"), load_model_spec(path)):
+        assert spec.bits_per_weight == 4.5
+        assert spec.expert_bytes == layout.slot_numel  # the sim's fetch moves what the store reads
