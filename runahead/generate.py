@@ -18,7 +18,7 @@ from runahead.sampling import SamplingParams
 from runahead.specs import ModelSpec
 
 if TYPE_CHECKING:
-    from runahead.models.base import MoEConfig
+    pass
 
 
 @dataclass(slots=True)
@@ -105,42 +105,19 @@ def save_trace(
     from runahead.trace import RoutingTrace
 
     config = runtime.backend.model.config  # type: ignore[attr-defined]
-    spec = recorded_spec(config, folder, model) if folder is not None else None
+    spec = recorded_spec(folder, model) if folder is not None else None
     trace = RoutingTrace.from_recorder(
         runtime.recorder.selections, runtime.backend.num_layers, config.num_experts, model=model, spec=spec
     )
     trace.save(path)
 
 
-def recorded_spec(config: MoEConfig, folder: str | Path, name: str) -> ModelSpec:
-    """The :class:`~runahead.specs.ModelSpec` of a loaded model: its shape and its files' precision."""
-    from runahead.models.loader import read_config
+def recorded_spec(folder: str | Path, name: str) -> ModelSpec:
+    """The :class:`~runahead.specs.ModelSpec` of a recorded model: its shape and its files' precision,
+    as the sim parses it (:func:`runahead.models.simspec.spec_from_folder`), under ``name``."""
+    from runahead.models.simspec import spec_from_folder
 
-    raw = read_config(folder)
-    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    bits = raw.get("expert_bits_per_weight") or {"float32": 32, "float16": 16, "bfloat16": 16}.get(dtype, 16)
-    return ModelSpec(
-        name=name,
-        num_layers=config.num_layers,
-        num_experts=config.num_experts,
-        top_k=config.top_k,
-        hidden_size=config.hidden_size,
-        expert_width=config.intermediate_size,
-        vocab_size=config.vocab_size,
-        num_attention_heads=config.num_attention_heads,
-        num_kv_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        bits_per_weight=bits,
-        num_shared_experts=1 if config.shared_expert_size else 0,
-        shared_expert_width=config.shared_expert_size,
-        sources=(f"recorded by runahead generate from {_config_source(folder)}",),
-    )
-
-
-def _config_source(folder: str | Path) -> str:
-    """Where a model's config was read: a GGUF's metadata, or a folder's ``config.json``."""
-    return (
-        f"{Path(folder).name} metadata"
-        if str(folder).endswith(".gguf")
-        else f"{Path(folder).name}/config.json"
+    spec = spec_from_folder(folder)
+    return replace(
+        spec, name=name, sources=tuple(f"recorded by runahead generate from {s}" for s in spec.sources)
     )

@@ -243,9 +243,9 @@ def test_gguf_config_gives_the_sim_the_bytes_a_fetch_moves(q4: tuple[Path, Path]
     from runahead.generate import recorded_spec
 
     path, _ = q4
-    model, layout = load_model(path)
+    _, layout = load_model(path)
     from runahead.specs import load_model_spec
 
-    for spec in (recorded_spec(model.config, path, "tiny-q4"), load_model_spec(path)):
+    for spec in (recorded_spec(path, "tiny-q4"), load_model_spec(path)):
         assert spec.bits_per_weight == 4.5
         assert spec.expert_bytes == layout.slot_numel  # the sim's fetch moves what the store reads
