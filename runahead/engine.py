@@ -370,9 +370,10 @@ class Generation:
             async for token, scored in self.handle.steps():
                 tokens.append(token)
                 text = engine.decode(tokens)
-                new = text[len(shown) :] if not text.endswith("\ufffd") else ""
-                shown += new
                 last = len(tokens) == params.max_tokens or token in params.stop_token_ids
+                # an incomplete character is held back until the next token, or shown as is at the end
+                new = text[len(shown) :] if last or not text.endswith("\ufffd") else ""
+                shown += new
                 reason = ("stop" if token in params.stop_token_ids else "length") if last else None
                 logprob, scored_prompt = (scored.token, scored.prompt) if scored is not None else (None, ())
                 yield Chunk(token, new, len(tokens) - 1, reason, logprob, scored_prompt)
