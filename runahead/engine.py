@@ -200,11 +200,12 @@ class Engine:
     def health(self) -> dict[str, object]:
         """``status``: ``ok``, ``degraded`` (reads or computes failing; ``reason`` says which) or
         ``failed`` (the runtime stopped; ``reason`` says why), with failure counters."""
+        report = self.runtime.health_report()
         if self.failure is not None:
-            return {**self.runtime.health.report(0.0), "status": "failed", "reason": repr(self.failure)}
-        if not self._running:
-            return {**self.runtime.health.report(0.0), "status": "failed", "reason": "the engine is closed"}
-        return self.runtime.health_report()
+            report.update(status="failed", reason=repr(self.failure))
+        elif not self._running:
+            report.update(status="failed", reason="the engine is closed")
+        return report
 
     async def close(self) -> None:
         """Fail what is still running (with a clear error), stop the actors and free the backend."""
