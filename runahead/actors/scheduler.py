@@ -105,6 +105,7 @@ class ComputeScheduler:
 
     async def _hold(self, deadline: float) -> None:
         """Wait for the next message, or until ``deadline`` (then the caller decides again)."""
+        self.recorder.holds += 1
         try:
             async with asyncio.timeout(max(1e-6, deadline - self.clock.now())):
                 message = await self.inbox.get()
