@@ -4,6 +4,9 @@ Two kinds of folder, told apart by their tensors:
 
 - a Hugging Face folder (float32 / float16 / bfloat16; per-expert or stacked experts), parsed with
   the same headers and expert layout the torch loader reads (:mod:`runahead.models.loader`);
+- a GGUF file (llama.cpp's; :mod:`runahead.models.gguf` parses it): resident tensors dequantized
+  at load, Q4_0 / Q8_0 experts repacked on the link as MLX 4 / 8-bit affine, group 32, exactly
+  (:mod:`runahead.models.mlx.ggufq`); F16 / BF16 / F32 experts as floats;
 - mlx-lm's own format (``mlx_lm.convert`` output, the mlx-community checkpoints): experts stacked
   as ``<moe>.switch_mlp.{gate,up,down}_proj.weight [E, out, in']``, and every matrix mlx-lm
   quantized stored as ``weight`` (packed ``uint32``) + ``scales`` + ``biases`` with the
@@ -176,7 +179,7 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> Checkpoint:
     from runahead.models.loader import read_config, read_headers, text_config, weight_files
 
     if is_gguf(path):
-        raise ModelLoadError(f"{path}: GGUF files do not run on the mlx backend yet (use --backend torch)")
+        return _gguf_checkpoint(path, dtype)
     raw = text_config(read_config(path))
     arch = get_architecture(str(raw.get("model_type")))
     config = arch.parse_config(raw)
@@ -325,3 +328,44 @@ def _split(r: TensorRange) -> list[tuple[str, int, int]]:
         half = r.nbytes // 2
         return [("gate", r.offset, half), ("up", r.offset + half, half)]
     return [(r.role, r.offset, r.nbytes)]
+
+
+def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
+    """A GGUF file through the torch loader's parse (resident weights dequantized to float32 once);
+    each expert matrix is one piece of the file's blocks, repacked when read."""
+    import numpy as np
+
+    from runahead.models.gguf import load_gguf
+    from runahead.models.mlx.ggufq import GGUF_QUANT
+
+    model, layout = load_gguf(path)
+    config = model.config
+    weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in model.weights.items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head", None)
+    mx.eval(list(weights.values()))
+    formats: dict[str, MatrixFormat] = {}
+    experts: dict[tuple[int, int], tuple[Piece, ...]] = {}
+    for key, ranges in layout.ranges.items():
+        pieces = []
+        for r in ranges:
+            out, inner = r.shape[-2], r.shape[-1]
+            if r.dtype in GGUF_QUANT:
+                bits = GGUF_QUANT[r.dtype][0]
+                fmt = MatrixFormat(
+                    r.role,
+                    (out, inner),
+                    Quant(bits, 32),
+                    (("weight", (out, inner * bits // 32), "U32"), ("scales", (out, inner // 32), "F32"),
+                     ("biases", (out, inner // 32), "F32")),
+                )  # fmt: skip
+            else:
+                fmt = MatrixFormat(r.role, (out, inner), None, (("weight", (out, inner), r.dtype),))
+            if formats.setdefault(r.role, fmt) != fmt:
+                raise ModelLoadError(
+                    f"{r.path}: expert {key} {r.role} is {r.dtype}, layer 0's is stored otherwise; "
+                    "mixed expert types across layers are not supported on the mlx backend"
+                )
+            pieces.append(Piece(f"{r.role}.gguf", r.path, r.offset, r.nbytes, r.dtype, (out, inner)))
+        experts[key] = tuple(pieces)
+    return Checkpoint(config, type(model), weights, {}, formats, experts, False)

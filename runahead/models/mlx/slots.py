@@ -29,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from runahead.models.mlx.checkpoint import Checkpoint, Piece
+from runahead.models.mlx.ggufq import GGUF_QUANT, repack
 from runahead.store.base import ALIGNMENT, _Executor, _Read
 from runahead.store.files import _FileReader
 
@@ -121,9 +122,20 @@ class ExpertReader:
     def _read_blocking(self, pieces: tuple[Piece, ...], out: dict[str, np.ndarray]) -> None:
         for piece in pieces:
             buf, base = self._files.read(_Read(piece.path, piece.offset, piece.nbytes, ()))
+            if piece.dtype in GGUF_QUANT:  # a GGUF block type: repacked as MLX affine quantization
+                raw = np.frombuffer(buf, dtype=np.uint8, count=piece.nbytes, offset=base)
+                matrix = piece.pool.partition(".")[0]
+                shape = (piece.shape[0], piece.shape[1])
+                weight, scales, biases = repack(piece.dtype, raw, shape)
+                out.update(
+                    {f"{matrix}.weight": weight, f"{matrix}.scales": scales, f"{matrix}.biases": biases}
+                )
+                del raw
+                continue
             kind = NUMPY_DTYPES[piece.dtype]
             view = np.frombuffer(buf, dtype=kind, count=piece.nbytes // np.dtype(kind).itemsize, offset=base)
-            out[piece.pool] = view.reshape(piece.shape).copy()  # the buffer is reused by the next read
+            pool = piece.pool.replace(".gguf", ".weight")  # a GGUF float expert: its weight
+            out[pool] = view.reshape(piece.shape).copy()  # the buffer is reused by the next read
             del view
 
     def close(self) -> None:
