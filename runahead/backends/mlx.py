@@ -30,7 +30,7 @@ import numpy as np
 
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
-from runahead.models.mlx.base import KVState, MLXModel
+from runahead.models.mlx.base import MLXModel, RequestStateMLX
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
 from runahead.sampling import Sampler, SamplingParams
@@ -41,7 +41,7 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 @dataclass(slots=True)
 class _RequestState:
     spec: RequestSpec
-    kv: KVState
+    kv: RequestStateMLX
     sampler: Sampler
     position: int = 0  # tokens already in the KV cache
     last_token: int | None = None

@@ -21,6 +21,10 @@ MLX_ARCHITECTURES: dict[str, str] = {
     "mixtral": "runahead.models.mlx.mixtral:MixtralMLX",
     "olmoe": "runahead.models.mlx.olmoe:OlmoeMLX",
     "qwen2_moe": "runahead.models.mlx.qwen2_moe:Qwen2MoeMLX",
+    "qwen3_5_moe": "runahead.models.mlx.qwen3_5_moe:Qwen3_5MoeMLX",
+    "qwen3_5_moe_text": "runahead.models.mlx.qwen3_5_moe:Qwen3_5MoeMLX",
+    "gemma4": "runahead.models.mlx.gemma4:Gemma4MLX",
+    "gemma4_text": "runahead.models.mlx.gemma4:Gemma4MLX",
 }
 """``model_type`` -> ``"module:class"`` of its :class:`~runahead.models.mlx.base.MLXModel`."""
 

@@ -10,8 +10,9 @@ indices, rows sorted by index when there are many), so a folder decodes as mlx-l
 expert indices here are *slot* indices into the pools of :mod:`runahead.models.mlx.slots`.
 
 Projections and the MoE are batched over every row of a group; attention runs per request over its
-own keys and values (:class:`KVState`). An architecture's file overrides :meth:`MLXModel.route`
-(each reproduces its mlx-lm router) or the attention hooks.
+own state (:class:`RequestStateMLX`: keys and values, or an architecture's recurrent state). An
+architecture's file overrides :meth:`MLXModel.route` (each reproduces its mlx-lm router) or the
+hooks (:meth:`MLXModel.norm`, :meth:`MLXModel.mix`, :meth:`MLXModel.layer_state`, ...).
 """
 
 from __future__ import annotations
@@ -57,18 +58,19 @@ class KVLayerMLX:
         return [a for a in (self.keys, self.values) if a is not None]
 
 
-class KVState:
-    """Every layer's keys and values of one request: allocated at admission, dropped at completion."""
+class RequestStateMLX:
+    """Every layer's state of one request (keys and values, or a recurrent state): allocated at
+    admission, dropped at completion or cancellation."""
 
-    def __init__(self, num_layers: int) -> None:
-        self.layers = [KVLayerMLX() for _ in range(num_layers)]
+    def __init__(self, layers: Sequence[Any]) -> None:
+        self.layers = list(layers)
 
     def arrays(self) -> list[mx.array]:
         """Arrays of every layer (to evaluate with a group's results)."""
         return [a for layer in self.layers for a in layer.arrays()]
 
 
-Segment = tuple[KVState, int, int]
+Segment = tuple[RequestStateMLX, int, int]
 """One request's run of rows in a batch: ``(its state, position of its first token, token count)``."""
 
 
@@ -111,9 +113,13 @@ class MLXModel:
 
     # -- the job pieces -----------------------------------------------------------------------
 
-    def new_state(self) -> KVState:
-        """The state of one new request (every layer's keys and values)."""
-        return KVState(self.config.num_layers)
+    def new_state(self) -> RequestStateMLX:
+        """The state of one new request: each layer's, as :meth:`layer_state` chooses it."""
+        return RequestStateMLX([self.layer_state(layer) for layer in range(self.config.num_layers)])
+
+    def layer_state(self, layer: int) -> Any:
+        """A new request's state for ``layer``: keys and values unless an architecture overrides it."""
+        return KVLayerMLX()
 
     def embed(self, tokens: mx.array) -> mx.array:
         """Hidden rows ``[T, H]`` of token ids ``[T]``."""
@@ -129,26 +135,50 @@ class MLXModel:
         )
 
     def attention(self, layer: int, hidden: mx.array, segments: Sequence[Segment]) -> mx.array:
-        """``hidden + attention(input_norm(hidden))``; each run attends over its own request's keys."""
-        c, p = self.config, f"{layer}."
-        x = self.norm(hidden, p + "input_norm")
+        """``hidden + mix(input_norm(hidden))``; each run reads and advances only its own request's state."""
+        for state, start, _ in segments:
+            if state.layers[layer].length != start:
+                raise ValueError(
+                    f"layer {layer}: segment starts at {start}, its state holds {state.layers[layer].length}"
+                )
+        x = self.norm(hidden, f"{layer}.input_norm")
+        return hidden + self.mix(layer, x, segments)
+
+    def mix(self, layer: int, x: mx.array, segments: Sequence[Segment]) -> mx.array:
+        """The token mixer of ``layer`` on normed rows ``x``: softmax attention unless overridden."""
+        return self.softmax_attention(layer, x, segments)
+
+    def softmax_attention(self, layer: int, x: mx.array, segments: Sequence[Segment]) -> mx.array:
+        """Causal (windowed where the layer slides) attention of each run over its own keys, then out."""
+        c = self.config
         q, k, v = self.project_qkv(layer, x)
+        kv_heads = self.kv_heads(layer)
         outputs, row = [], 0
         for state, start, n in segments:
             kv = state.layers[layer]
-            if kv.length != start:
-                raise ValueError(f"layer {layer}: segment starts at {start} but its cache holds {kv.length}")
             qs = q[row : row + n].reshape(1, n, c.num_attention_heads, -1).transpose(0, 2, 1, 3)
-            ks = k[row : row + n].reshape(1, n, c.num_kv_heads, -1).transpose(0, 2, 1, 3)
-            vs = v[row : row + n].reshape(1, n, c.num_kv_heads, -1).transpose(0, 2, 1, 3)
-            qs, ks = self.rope(qs, start), self.rope(ks, start)
+            ks = k[row : row + n].reshape(1, n, kv_heads, -1).transpose(0, 2, 1, 3)
+            vs = v[row : row + n].reshape(1, n, kv_heads, -1).transpose(0, 2, 1, 3)
+            qs, ks = self.rope(qs, start, layer), self.rope(ks, start, layer)
             keys, values = kv.append(ks, vs)
             mask = self.mask(layer, start, n)
-            out = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=self.scale, mask=mask)
+            out = self.attend(layer, qs, keys, values, mask)
             outputs.append(out.transpose(0, 2, 1, 3).reshape(n, -1))
             row += n
         attn = mx.concatenate(outputs) if len(outputs) > 1 else outputs[0]
-        return hidden + self.linear(attn, p + "o_proj")
+        return self.attention_output(layer, x, attn)
+
+    def kv_heads(self, layer: int) -> int:
+        """Key/value heads of ``layer``'s attention."""
+        return self.config.num_kv_heads
+
+    def attend(self, layer: int, q: mx.array, keys: mx.array, values: mx.array, mask: Any) -> mx.array:
+        """Scaled dot-product attention of one run ``[1, heads, n, head_dim]`` over its keys."""
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+
+    def attention_output(self, layer: int, x: mx.array, attn: mx.array) -> mx.array:
+        """Output projection of the heads' outputs ``attn [T, heads * head_dim]`` (``x``: normed input)."""
+        return self.linear(attn, f"{layer}.o_proj")
 
     def project_qkv(self, layer: int, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """q, k, v ``[T, heads * head_dim]`` of the normed rows ``x`` (q/k norms as the config says)."""
@@ -164,7 +194,7 @@ class MLXModel:
             q, k, v = (mx.clip(a, -c.clip_qkv, c.clip_qkv) for a in (q, k, v))
         return q, k, v
 
-    def rope(self, x: mx.array, offset: int) -> mx.array:
+    def rope(self, x: mx.array, offset: int, layer: int) -> mx.array:
         """RoPE of ``x [1, heads, n, head_dim]`` at positions ``offset..`` (``nn.RoPE``, not traditional)."""
         c = self.config
         dims = c.rotary_dim or c.head_dim
@@ -202,7 +232,7 @@ class MLXModel:
         """The routed experts' weighted sum ``[T, H]`` for rows ``hidden``: mlx-lm's ``SwitchGLU`` over
         slot indices ``slots [T, k]``, then ``sum_k weights * y``. Pairs outside the current wave
         carry weight 0 (and any resident slot)."""
-        x = mx.expand_dims(self.norm(hidden, f"{layer}.post_norm"), (-2, -3))
+        x = mx.expand_dims(self.expert_input(layer, hidden), (-2, -3))
         do_sort = slots.size >= 64
         idx, inv_order = slots, None
         if do_sort:
@@ -217,6 +247,10 @@ class MLXModel:
             y = mx.unflatten(y[inv_order], 0, slots.shape)
         y = y.squeeze(-2)
         return (y * weights[..., None]).sum(axis=-2).astype(y.dtype)
+
+    def expert_input(self, layer: int, hidden: mx.array) -> mx.array:
+        """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""
+        return self.norm(hidden, f"{layer}.post_norm")
 
     def activation(self, gate: mx.array, up: mx.array) -> mx.array:
         """The experts' gated activation: SwiGLU (``silu(gate) * up``)."""
