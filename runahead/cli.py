@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=a.integer(1), default=32, help="decode steps measured per request")
     demo.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
+    demo.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
     demo.add_argument(
         "--repeats",
         type=a.integer(1),
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds a request may run before it is cancelled with 504 (default: no limit)",
     )
-    gen = command("generate", help="generate with a real model (torch backend)")
+    gen = command("generate", help="generate with a real model (torch or mlx backend)")
     gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
@@ -144,7 +145,10 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--workers", type=a.integer(1), default=2, help="paper: parallel worker processes")
     bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
     bench.add_argument(
-        "--backend", default="sim", choices=["sim", "torch"], help="virtual time, or a real model"
+        "--backend",
+        default="sim",
+        choices=["sim", "torch", "mlx"],
+        help="virtual time, or a real model (torch, or MLX: Apple silicon / MLX's CPU build)",
     )
     bench.add_argument(
         "--model",
@@ -212,8 +216,10 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="torch", choices=["torch"], help="the compute backend")
-    parser.add_argument("--device", type=a.device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
+    parser.add_argument(
+        "--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N; mlx: cpu, gpu or auto"
+    )
     parser.add_argument(
         "--dtype",
         default="auto",
@@ -266,6 +272,7 @@ def run_generate(args: argparse.Namespace) -> int:
         on_text=(lambda text: print(text, end="", flush=True)) if streaming else None,
         timeline=args.timeline,
         batch_invariant=args.batch_invariant,
+        backend=args.backend,
     )
     if streaming:
         print()
@@ -333,7 +340,9 @@ def run_demo(args: argparse.Namespace) -> int:
     from runahead.bench import format_table
     from runahead.demo import run_pairs
 
-    rows, ratios = run_pairs(args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats)
+    rows, ratios = run_pairs(
+        args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats, args.backend
+    )
     print(format_table(rows[-2:]))
     same = len({row["token_digest"] for row in rows}) == 1
     low, median, high = min(ratios), statistics.median(ratios), max(ratios)
@@ -352,9 +361,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.what == "paper":
         return run_paper_command(args)
-    if args.backend == "torch":
+    if args.backend in ("torch", "mlx"):
         if args.trace is not None:
-            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
+            raise ValueError(
+                f"--trace replays recorded routing on the sim backend: drop --backend {args.backend}"
+            )
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -442,6 +453,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.warmup_steps,
             args.seed,
             dtype=args.dtype,
+            backend=args.backend,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy
