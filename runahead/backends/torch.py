@@ -229,9 +229,7 @@ class TorchBackend:
             hidden, final = self._moe(layer, jobs, states)
         finished: Callable[[], list[JobResult]] = list
         if final:
-            rows = _row_spans(jobs)
             kept = [(jobs[i], states[i]) for i in final]
-            hidden = torch.cat([hidden[rows[i][0] : rows[i][1]] for i in final])
             finished = self._finish(layer, hidden, kept, readback)
 
         def results() -> list[JobResult]:
@@ -247,8 +245,8 @@ class TorchBackend:
     ) -> tuple[torch.Tensor, list[int]]:
         """This wave's routed experts for every job; finish the MoE of jobs whose last wave this is.
 
-        Returns the group's hidden rows (finished rows hold the MoE output) and the indices of the
-        jobs that finished their MoE. A job only adds the experts of its own wave, even when
+        Returns the MoE output rows of the jobs that finished their MoE (in group order) and those
+        jobs' indices. A job only adds the experts of its own wave, even when
         another job of the group computes one of its other experts.
         """
         carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
@@ -269,13 +267,16 @@ class TorchBackend:
         final = []
         for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
             start, stop = rows[i]
-            if job.remaining:
-                state.accumulated = accumulated[start:stop]
-            else:
-                state.accumulated = None
-                hidden[start:stop] = self.model.moe_finish(layer, hidden[start:stop], accumulated[start:stop])
+            state.accumulated = accumulated[start:stop] if job.remaining else None
+            if not job.remaining:
                 final.append(i)
-        return hidden, final
+        if not final:
+            return hidden[:0], final
+        if len(final) < len(jobs):
+            keep = torch.cat([torch.arange(*rows[i], device=hidden.device) for i in final])
+            hidden, accumulated = hidden[keep], accumulated[keep]
+        # One call for every finished row: the shared expert's weights are read once per group.
+        return self.model.moe_finish(layer, hidden, accumulated), final
 
     def _routing(self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]) -> ExpertRows:
         """The group's (row, k) pairs of this wave, sorted by expert, from the host copy of the

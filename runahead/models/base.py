@@ -268,13 +268,14 @@ class MoEModel(ModelDescription):
             routing = ExpertRows.from_ids(ids, experts)
         if not routing.spans:
             return out
-        gathered = x[routing.rows]
+        gathered = x.index_select(0, routing.rows)
         parts = []
         for expert, start, stop in routing.spans:
             slot = self.expert_weights(layer, experts[expert], x.dtype)
             parts.append(self.run_expert(slot, gathered[start:stop]))
         y = torch.cat(parts) if len(parts) > 1 else parts[0]
-        y = y * weights[routing.rows, routing.kpos, None]
+        k = weights.shape[-1]
+        y = y * weights.reshape(-1).index_select(0, routing.rows * k + routing.kpos).unsqueeze(1)
         return out.index_add_(0, routing.rows, y)
 
     def expert_weights(self, layer: int, slot: Tensor, dtype: torch.dtype) -> Tensor:
