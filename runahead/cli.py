@@ -18,7 +18,12 @@ from typing import Any
 from runahead import cli_args as a
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA, float32 on CPU)."""
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA; on CPU the faster of
+float32 and bfloat16 at the model's shapes, timed once at start: :mod:`runahead.backends.dtypes`)."""
+
+DTYPE_HELP = (
+    "compute and cache dtype (auto: bfloat16 on CUDA; on CPU the faster of float32 and bfloat16, timed)"
+)
 
 MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE: 'small' or 'medium'"
 
@@ -63,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
     demo.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
+    demo.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     demo.add_argument(
         "--repeats",
         type=a.integer(1),
@@ -160,7 +166,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "--store", default="disk", choices=["disk", "host"], help="torch: where experts are read from"
     )
     bench.add_argument("--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N")
-    bench.add_argument("--dtype", default="float32", choices=DTYPES, help="torch: compute and cache dtype")
+    bench.add_argument("--dtype", default="auto", choices=DTYPES, help="torch: " + DTYPE_HELP)
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -224,7 +230,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=DTYPES,
-        help="compute and cache dtype (auto: bfloat16 on CUDA, else float32)",
+        help=DTYPE_HELP,
     )
     parser.add_argument("--policy", type=a.policy, default="runahead", help="scheduling policy spec")
     parser.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
@@ -341,7 +347,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from runahead.demo import run_pairs
 
     rows, ratios = run_pairs(
-        args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats, args.backend
+        args.concurrency,
+        args.tokens,
+        args.cache_fraction,
+        args.store,
+        args.repeats,
+        backend=args.backend,
+        dtype=args.dtype,
     )
     print(format_table(rows[-2:]))
     same = len({row["token_digest"] for row in rows}) == 1
