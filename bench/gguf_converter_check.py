@@ -143,4 +143,7 @@ for arch in sys.argv[1:]:
     llama_quantize(d / "real-F32.gguf", real_q4)
     ours_q4 = convert(hf, d / "ours-Q4_0.gguf", "Q4_0")[0]
     compare(f"{arch} Q4_0 (llama_model_quantize --pure of the converter's F32)", real_q4, ours_q4)
-    print(f"{arch}: llama.cpp loads our Q4_0 file and decodes {llama_cpp_decodes(ours_q4)}")
+    try:
+        print(f"{arch}: llama.cpp loads our Q4_0 file and decodes {llama_cpp_decodes(ours_q4)}")
+    except ValueError as err:  # llama.cpp's olmoe wants as many KV heads as heads (FACTS.md)
+        print(f"{arch}: llama.cpp refuses our Q4_0 file: {err}")
