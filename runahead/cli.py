@@ -127,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute each request on its own, so its tokens never depend on what it is batched with",
     )
+    convert = command(
+        "convert",
+        help="write a Hugging Face MoE folder as a GGUF file (llama.cpp's layout)",
+        description="Experts and the other matrices as --type (Q4_0: the paper's format), norms and "
+        "routers in F32; names, metadata, tokenizer and chat template as llama.cpp's convert_hf_to_gguf.py "
+        "writes them.",
+    )
+    convert.add_argument("model", type=Path, help="a Hugging Face model folder")
+    convert.add_argument("out", type=Path, help="the .gguf file to write")
+    convert.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "f16", "f32"], help="matrix type")
+    convert.add_argument("--split-max-tensors", type=a.integer(0), default=0, help="tensors per split file")
+    convert.add_argument("--split-max-size", type=a.integer(0), default=0, help="bytes per split file")
+    convert.add_argument("--no-vocab", action="store_true", help="write no tokenizer (weights alone)")
     return parser
 
 
@@ -340,6 +353,22 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_convert(args: argparse.Namespace) -> int:
+    from runahead.models.gguf_convert import convert
+
+    files = convert(
+        args.model,
+        args.out,
+        args.type,
+        split_max_tensors=args.split_max_tensors,
+        split_max_size=args.split_max_size,
+        vocab=not args.no_vocab,
+    )
+    for file in files:
+        print(f"{file}  {file.stat().st_size} bytes")
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     import statistics
 
@@ -505,6 +534,7 @@ def _progress(total: int, quiet: bool, advance: Callable[[int], None]) -> Callab
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": run_bench,
+    "convert": run_convert,
     "generate": run_generate,
     "demo": run_demo,
     "serve": run_serve,
