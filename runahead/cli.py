@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=a.integer(1), default=32, help="decode steps measured per request")
     demo.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
+    demo.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
     demo.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     demo.add_argument(
         "--repeats",
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds a request may run before it is cancelled with 504 (default: no limit)",
     )
-    gen = command("generate", help="generate with a real model (torch backend)")
+    gen = command("generate", help="generate with a real model (torch or mlx backend)")
     gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
@@ -126,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute each request on its own, so its tokens never depend on what it is batched with",
     )
+    convert = command(
+        "convert",
+        help="write a Hugging Face MoE folder as a GGUF file (llama.cpp's layout)",
+        description="Experts and the other matrices as --type (Q4_0: the paper's format), norms and "
+        "routers in F32; names, metadata, tokenizer and chat template as llama.cpp's convert_hf_to_gguf.py "
+        "writes them.",
+    )
+    convert.add_argument("model", type=Path, help="a Hugging Face model folder")
+    convert.add_argument("out", type=Path, help="the .gguf file to write")
+    convert.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "f16", "f32"], help="matrix type")
+    convert.add_argument("--split-max-tensors", type=a.integer(0), default=0, help="tensors per split file")
+    convert.add_argument("--split-max-size", type=a.integer(0), default=0, help="bytes per split file")
+    convert.add_argument("--no-vocab", action="store_true", help="write no tokenizer (weights alone)")
     return parser
 
 
@@ -150,7 +164,10 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--workers", type=a.integer(1), default=2, help="paper: parallel worker processes")
     bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
     bench.add_argument(
-        "--backend", default="sim", choices=["sim", "torch"], help="virtual time, or a real model"
+        "--backend",
+        default="sim",
+        choices=["sim", "torch", "mlx"],
+        help="virtual time, or a real model (torch, or MLX: Apple silicon / MLX's CPU build)",
     )
     bench.add_argument(
         "--model",
@@ -218,8 +235,10 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="torch", choices=["torch"], help="the compute backend")
-    parser.add_argument("--device", type=a.device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
+    parser.add_argument(
+        "--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N; mlx: cpu, gpu or auto"
+    )
     parser.add_argument(
         "--dtype",
         default="auto",
@@ -272,6 +291,7 @@ def run_generate(args: argparse.Namespace) -> int:
         on_text=(lambda text: print(text, end="", flush=True)) if streaming else None,
         timeline=args.timeline,
         batch_invariant=args.batch_invariant,
+        backend=args.backend,
     )
     if streaming:
         print()
@@ -333,6 +353,22 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_convert(args: argparse.Namespace) -> int:
+    from runahead.models.gguf_convert import convert
+
+    files = convert(
+        args.model,
+        args.out,
+        args.type,
+        split_max_tensors=args.split_max_tensors,
+        split_max_size=args.split_max_size,
+        vocab=not args.no_vocab,
+    )
+    for file in files:
+        print(f"{file}  {file.stat().st_size} bytes")
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     import statistics
 
@@ -340,7 +376,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from runahead.demo import run_pairs
 
     rows, ratios = run_pairs(
-        args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats, args.dtype
+        args.concurrency,
+        args.tokens,
+        args.cache_fraction,
+        args.store,
+        args.repeats,
+        backend=args.backend,
+        dtype=args.dtype,
     )
     print(format_table(rows[-2:]))
     same = len({row["token_digest"] for row in rows}) == 1
@@ -360,9 +402,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.what == "paper":
         return run_paper_command(args)
-    if args.backend == "torch":
+    if args.backend in ("torch", "mlx"):
         if args.trace is not None:
-            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
+            raise ValueError(
+                f"--trace replays recorded routing on the sim backend: drop --backend {args.backend}"
+            )
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -450,6 +494,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.warmup_steps,
             args.seed,
             dtype=args.dtype,
+            backend=args.backend,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy
@@ -489,6 +534,7 @@ def _progress(total: int, quiet: bool, advance: Callable[[int], None]) -> Callab
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": run_bench,
+    "convert": run_convert,
     "generate": run_generate,
     "demo": run_demo,
     "serve": run_serve,

@@ -1,9 +1,10 @@
 """GGUF models with experts kept quantized in the cache: greedy tokens equal the float32 reference.
 
 Tiny random models of each architecture are written as GGUF (llama.cpp's names and metadata, see
-:mod:`ggufhelpers`) at Q4_0 and Q8_0. The judge is transformers on the *dequantized* weights: its
-own GGUF loader (``gguf_file=``) for qwen3moe / qwen2moe; for olmoe and llama-style Mixtral, which
-transformers 5.24 cannot load from GGUF, the HF folder with every weight replaced by the GGUF's,
+:mod:`ggufhelpers`: ``runahead convert``) at Q4_0 and Q8_0. The judge is transformers on the
+*dequantized* weights: its own GGUF loader (``gguf_file=``) for qwen3moe; for the others, which
+transformers 5.24 cannot load from GGUF (olmoe, Mixtral as ``llama``, and qwen2moe with the
+converter's 2-D ``ffn_gate_inp_shexp``), the HF folder with every weight replaced by the GGUF's,
 dequantized with ``gguf.quants``. The runtime runs 8 requests at once with 8 cache slots for 24
 experts, reading the experts' quantized bytes from the file with O_DIRECT, under every policy.
 """
@@ -18,7 +19,14 @@ from typing import Any
 
 import pytest
 import torch
-from ggufhelpers import GGUF_ARCH, build_tiny_gguf, dequantized_folder, transformers_gguf, write_gguf
+from ggufhelpers import (
+    GGUF_ARCH,
+    build_tiny_gguf,
+    dequantized_folder,
+    retyped,
+    transformers_gguf,
+    write_gguf,
+)
 from test_torch_backend import PROMPTS, TOKENS, run
 
 from runahead.models.base import ModelLoadError
@@ -38,7 +46,7 @@ def _reference(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
     """transformers on the GGUF's dequantized weights (its own GGUF loader where it has one)."""
     from transformers import AutoModelForCausalLM
 
-    if GGUF_ARCH[arch] in ("qwen3moe", "qwen2moe"):
+    if GGUF_ARCH[arch] == "qwen3moe":
         return transformers_gguf(gguf_path, hf).eval()
     return AutoModelForCausalLM.from_pretrained(
         dequantized_folder(gguf_path, hf, folder / "dequantized"),
@@ -169,7 +177,8 @@ def test_split_files_load_like_one(q4: tuple[Path, Path], tmp_path: Path) -> Non
     assert len(parts) > 2 and first == parts[0]
     one, one_layout = load_model(path)
     split, split_layout = load_model(parts[-1])  # any part names the whole model
-    assert {r.path for rs in split_layout.ranges.values() for r in rs} > {str(parts[-1])}
+    expert_files = {r.path for rs in split_layout.ranges.values() for r in rs}
+    assert len(expert_files) > 1 and expert_files <= {str(p) for p in parts}  # experts in several parts
     for key in [(0, 0), (2, 7)]:
         assert torch.equal(load_reference_slot(one_layout, *key), load_reference_slot(split_layout, *key))
     assert all(torch.equal(one.weights[k], split.weights[k]) for k in one.weights)
@@ -186,7 +195,9 @@ def test_truncated_file_is_refused_naming_file_and_tensor(q4: tuple[Path, Path],
     bad = tmp_path / "truncated.gguf"
     shutil.copy(path, bad)
     os.truncate(bad, bad.stat().st_size - 3000)
-    with pytest.raises(ModelLoadError, match=rf"{bad}: tensor blk\.\d\.\w+\.weight .*past the file's end"):
+    with pytest.raises(
+        ModelLoadError, match=rf"{bad}: tensor [\w.]+ \(\w+ \[[\d, ]+\]\) .*past the file's end"
+    ):
         load_model(bad)
 
 
@@ -205,9 +216,25 @@ def test_tensor_bytes_not_matching_its_shape_are_refused(q4: tuple[Path, Path], 
         load_model(bad)
 
 
-def test_unsupported_expert_type_is_refused_by_name(tmp_path: Path) -> None:
-    path, _ = build_tiny_gguf("olmoe", tmp_path, "Q4_1")
-    with pytest.raises(ModelLoadError, match=rf"{path}: tensor blk\.0\.ffn_gate_exps\.weight has type Q4_1"):
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
+def test_unsupported_expert_type_is_refused_by_name(tmp_path: Path, kind: str) -> None:
+    from modelhelpers import build_tiny_model
+
+    # Q4_K blocks hold 256 weights: experts 256 wide
+    hf = build_tiny_model("qwen3_moe", tmp_path / "hf", hidden_size=256, moe_intermediate_size=256)
+    path = retyped(
+        write_gguf(hf, tmp_path / "q8.gguf", "Q8_0"),
+        tmp_path / f"{kind}.gguf",
+        kind,
+        ("blk.1.ffn_up_exps.weight",),
+    )
+    with pytest.raises(ModelLoadError, match=rf"{path}: tensor blk\.1\.ffn_up_exps\.weight has type {kind}"):
+        load_model(path)
+
+
+def test_unsupported_resident_type_is_refused_by_name(q4: tuple[Path, Path], tmp_path: Path) -> None:
+    path = retyped(q4[0], tmp_path / "q8_1.gguf", "Q8_1", ("blk.1.attn_q.weight",))
+    with pytest.raises(ModelLoadError, match=rf"{path}: tensor blk\.1\.attn_q\.weight has type Q8_1"):
         load_model(path)
 
 

@@ -1,0 +1,176 @@
+"""The mlx backend's benchmark (issue 9): a medium random Qwen3-MoE in mlx-lm's 4-bit format,
+experts read from disk (O_DIRECT), on this machine's MLX device; ratios side by side in one run.
+
+    python bench/mlx_medium.py --out bench/results/mlx-medium [--steps 16] [--concurrency 2,4,8]
+
+1. ``runahead`` vs ``sync`` vs ``prefetch-gate`` at each concurrency with 30% of the experts cached
+   (``results.jsonl``; ``bench/summarize.py`` prints the overlap limit and share of the gain).
+2. Single-request decode with every expert resident (host store, preloaded) against mlx-lm's own
+   ``stream_generate`` on the same checkpoint (``single.jsonl``).
+
+The model is built once under ``$RUNAHEAD_CACHE`` (float32 from transformers, then
+``mlx_lm.convert`` to 4 bits, group 64, scales in float32): sized so the whole run takes minutes on
+MLX's CPU build (whose matrix products are ~40x slower than torch's here); ``--model`` takes any
+other mlx-lm folder (a Mac: a real mlx-community checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from runahead.medium import build_cached, cache_dir
+from runahead.torchbench import TorchPoint, run_torch_point
+
+MLX_MEDIUM: dict[str, Any] = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 8,
+    "num_experts": 32,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 512,
+    "intermediate_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 8192,
+    "max_position_embeddings": 4096,
+    "norm_topk_prob": True,
+    "initializer_range": 0.1,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+"""8 layers x 32 experts (top-4) of 3 x 512 x 1024: 403 M expert weights, 226 MB at 4 bits."""
+
+
+def mlx_medium_model() -> Path:
+    """The 4-bit mlx-lm folder of the medium MLX model, building and converting it once."""
+    target = cache_dir() / "mlx-medium-qwen3-moe-4bit"
+    if (target / "config.json").exists():
+        return target
+    source = build_cached("mlx-medium-qwen3-moe", MLX_MEDIUM, "float32")
+    config_file = source / "config.json"
+    config = json.loads(config_file.read_text())  # mlx-lm reads only the hub's spelling
+    config.setdefault("num_experts", config.get("num_local_experts"))
+    config.setdefault("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    config_file.write_text(json.dumps(config, indent=2))
+    from mlx_lm import convert
+
+    convert(str(source), str(target), quantize=True, q_group_size=64, q_bits=4, dtype="float32")
+    return target
+
+
+def mlx_lm_tokens_per_s(path: str, steps: int) -> float:
+    """mlx-lm's own greedy decode speed on ``path`` (one request, one prompt token), after a warm-up."""
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer = load(path)
+    sampler = make_sampler(temp=0.0)
+    for _ in stream_generate(model, tokenizer, [11], max_tokens=4, sampler=sampler):
+        pass
+    *_, last = stream_generate(model, tokenizer, [11], max_tokens=steps, sampler=sampler)
+    mx.clear_cache()
+    return float(last.generation_tps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", help="an mlx-lm folder (default: the medium MLX model, built once)")
+    parser.add_argument("--steps", type=int, default=16, help="decode steps measured per request")
+    parser.add_argument("--warmup-steps", type=int, default=4)
+    parser.add_argument("--concurrency", default="2,4,8")
+    parser.add_argument("--cache-fraction", type=float, default=0.3)
+    parser.add_argument("--device", default="cpu", help="cpu, gpu or auto")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of every point (the machine is shared)")
+    parser.add_argument("--skip-policies", action="store_true", help="only the single-request comparison")
+    args = parser.parse_args()
+    path = args.model or str(mlx_medium_model())
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.skip_policies:
+        policies = ["sync", "prefetch-gate", "runahead"]
+        with (args.out / "results.jsonl").open("w") as rows:
+            for repeat in range(args.repeats):
+                for concurrency in (int(c) for c in args.concurrency.split(",")):
+                    order = policies[repeat % 3 :] + policies[: repeat % 3]  # rotate: no policy always first
+                    for policy in order:
+                        point = TorchPoint(
+                            path, policy, concurrency, args.cache_fraction, args.steps, store="disk",
+                            device=args.device, warmup_steps=args.warmup_steps, backend="mlx", dtype="auto",
+                        )  # fmt: skip
+                        row = {**run_torch_point(point), "repeat": repeat}
+                        rows.write(json.dumps(row) + "\n")
+                        rows.flush()
+                        print(
+                            f"[{repeat}] {policy:>14} x{concurrency}: {row['tokens_per_s']:7.2f} tok/s, "
+                            f"compute {row['compute_s']:.3f} s, fetch {row['fetch_s']:.3f} s per step, "
+                            f"overlap {row['overlap_fraction']:.2f}, direct I/O {row['direct_io']}",
+                            flush=True,
+                        )
+    steps = 32
+    ours = run_torch_point(
+        TorchPoint(
+            path,
+            "sync",
+            1,
+            1.0,
+            steps,
+            store="host",
+            device=args.device,
+            warmup_steps=4,
+            preload=True,
+            backend="mlx",
+            dtype="auto",
+        )
+    )
+    start = time.perf_counter()
+    theirs = mlx_lm_tokens_per_s(path, steps)
+    single = [
+        {"system": "runahead mlx backend (all experts resident)", "tokens_per_s": ours["tokens_per_s"]},
+        {"system": "mlx_lm stream_generate", "tokens_per_s": theirs, "wall_s": time.perf_counter() - start},
+    ]
+    (args.out / "single.jsonl").write_text("".join(json.dumps(r) + "\n" for r in single))
+    for r in single:
+        print(f"{r['system']:<45} {r['tokens_per_s']:7.2f} tok/s")
+    print(f"ratio (runahead / mlx-lm): {ours['tokens_per_s'] / theirs:.2f}")
+    if not args.skip_policies:
+        print(report([json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines()]))
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    """Per concurrency: median tokens/s of each policy over the repeats, runahead / sync and
+    prefetch-gate / sync, the overlap limit (compute + fetch) / max(compute, fetch) of sync's own
+    runs (medians), and the share of the possible gain runahead reaches, (x - 1) / (limit - 1)."""
+    from statistics import median
+
+    lines = [
+        f"{'conc':>4} {'sync':>7} {'pf-gate':>7} {'runahead':>8} {'ra/sync':>7} {'pf/sync':>7} "
+        f"{'limit':>6} {'of gain':>7} {'c/f':>5} {'ra overlap':>10}"
+    ]
+    for concurrency in sorted({r["concurrency"] for r in rows}):
+        by = {p: [r for r in rows if r["concurrency"] == concurrency and r["policy"] == p] for p in
+              ("sync", "prefetch-gate", "runahead")}  # fmt: skip
+        tps = {p: median(r["tokens_per_s"] for r in rs) for p, rs in by.items()}
+        compute = median(r["compute_s"] for r in by["sync"])
+        fetch = median(r["fetch_s"] for r in by["sync"])
+        limit = (compute + fetch) / max(compute, fetch)
+        ratio = tps["runahead"] / tps["sync"]
+        share = (ratio - 1) / (limit - 1) if limit > 1 else float("nan")
+        overlap = median(r["overlap_fraction"] for r in by["runahead"])
+        lines.append(
+            f"{concurrency:>4} {tps['sync']:7.2f} {tps['prefetch-gate']:7.2f} {tps['runahead']:8.2f} "
+            f"{ratio:7.2f} {tps['prefetch-gate'] / tps['sync']:7.2f} {limit:6.2f} {share:7.0%} "
+            f"{compute / fetch:5.2f} {overlap:10.2f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
