@@ -1,4 +1,4 @@
-"""The paper's models on the mlx backend (Qwen3.5/3.6 MoE, Gemma 4 MoE): transformers' greedy tokens.
+"""The paper's models (Qwen3.5/3.6 MoE, Gemma 4 MoE) and gpt-oss on the mlx backend: transformers' tokens.
 
 Tiny random float32 models as ``tests/modelhelpers.py`` builds them for the torch backend (their
 constant-initialised weights randomised, linear-attention and sliding layers mixed in), run with 4
@@ -29,7 +29,7 @@ TOKENS = 10
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
 SLOTS = 8
 POLICIES = ["sync", "runahead", "prefetch-gate", "runahead/grouping=static:2:2"]
-PAPER = ["qwen3_5_moe", "gemma4"]
+PAPER = ["qwen3_5_moe", "gemma4", "gpt_oss"]
 
 
 @pytest.fixture(scope="module", params=PAPER)
