@@ -33,7 +33,7 @@ from runahead.models.mlx import mlx_architecture
 from runahead.models.mlx.base import MLXModel, RequestStateMLX
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
-from runahead.sampling import Sampler, SamplingParams
+from runahead.sampling import Sampler, SamplingParams, StepLogprobs, TokenLogprob, token_logprobs
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -51,6 +51,8 @@ class _RequestState:
     routing: np.ndarray | None = None  # ``ids`` on the host
     accumulated: mx.array | None = None  # the MoE sum of the waves computed so far
     logits: list[np.ndarray] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
+    token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
 
 
 def resolve_device(device: str) -> Any:
@@ -175,6 +177,16 @@ class MLXBackend:
 
     def close_request(self, request: int) -> None:
         self._requests.pop(request, None)
+
+    def take_logprobs(self, request: int) -> StepLogprobs | None:
+        """What was scored for an open request since the last call (with ``logprobs`` or
+        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
+        state = self._requests.get(request)
+        if state is None or (not state.prompt_logprobs and state.token_logprob is None):
+            return None
+        step = StepLogprobs(tuple(state.prompt_logprobs), state.token_logprob)
+        state.prompt_logprobs, state.token_logprob = [], None
+        return step
 
     def logits_of(self, request: int) -> list[np.ndarray]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""
@@ -326,7 +338,12 @@ class MLXBackend:
         ends = mx.array([stop - 1 for _, stop in spans], dtype=mx.int32)
         logits = self.model.logits(hidden[ends]).astype(mx.float32)
         greedy = mx.argmax(logits, axis=-1)
-        mx.eval([logits, greedy] + [a for _, state in kept for a in state.kv.arrays()])
+        scores = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        prompts = self._score_prompts(kept, spans, hidden)
+        kv = [a for _, state in kept for a in state.kv.arrays()]
+        mx.eval([logits, greedy, scores, *(rows for _, _, rows, _ in prompts), *kv])
+        for state, targets, rows, top in prompts:
+            state.prompt_logprobs += token_logprobs(_torch(rows), targets, top)
         tokens = np.array(greedy).tolist()
         host = (
             np.array(logits)
@@ -346,12 +363,38 @@ class MLXBackend:
             if state.sampler.params.greedy:
                 state.last_token = int(tokens[row])
             else:
-                import torch
-
                 assert host is not None
-                state.last_token = state.sampler.sample(torch.from_numpy(host[row].copy()))
+                state.last_token = state.sampler.sample(_torch(host[row]))
+            ranked = state.sampler.params.logprobs
+            if ranked is not None:
+                (state.token_logprob,) = token_logprobs(
+                    _torch(scores[row : row + 1]), [state.last_token], ranked
+                )
             out.append(JobResult(job, token=state.last_token))
         return out
+
+    def _score_prompts(
+        self, kept: list[tuple[Job, _RequestState]], spans: list[tuple[int, int]], hidden: mx.array
+    ) -> list[tuple[_RequestState, list[int], mx.array, int]]:
+        """For requests with ``prompt_logprobs``: row ``i`` of a prompt chunk scores prompt token
+        ``i + 1`` (log-softmax of the LM head over the chunk's rows; no extra pass over the prompt)."""
+        pending = []
+        for (job, state), (start, _) in zip(kept, spans, strict=True):
+            top = state.sampler.params.prompt_logprobs
+            if not job.prefill or top is None:
+                continue
+            targets = list(state.spec.prompt[state.position + 1 : state.position + job.num_tokens + 1])
+            if targets:
+                rows = self.model.logits(hidden[start : start + len(targets)]).astype(mx.float32)
+                pending.append((state, targets, rows - mx.logsumexp(rows, axis=-1, keepdims=True), top))
+        return pending
+
+
+def _torch(values: Any) -> Any:
+    """A float32 torch tensor of an MLX or numpy array (for the shared sampler and log-prob scoring)."""
+    import torch
+
+    return torch.from_numpy(np.array(values, dtype=np.float32))
 
 
 def _cat(parts: list[mx.array]) -> mx.array:
