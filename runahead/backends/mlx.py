@@ -28,12 +28,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from runahead.backends.common import admit, distinct_experts, input_tokens, row_spans, take_logprobs
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
 from runahead.models.mlx.base import MLXModel, RequestStateMLX
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
-from runahead.sampling import Sampler, SamplingParams, StepLogprobs, TokenLogprob, token_logprobs
+from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -164,15 +165,7 @@ class MLXBackend:
     # -- request lifecycle -------------------------------------------------------------------------
 
     def open_request(self, request: RequestSpec) -> None:
-        if not request.prompt:
-            raise ValueError(f"request {request.request}: the mlx backend needs a non-empty prompt")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in request.prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"request {request.request}: prompt token ids {bad[:5]} are outside [0, {vocab})"
-            )
-        params = request.sampling or SamplingParams(max_tokens=request.max_tokens)
+        params = admit(request, self.model.config.vocab_size, "mlx")
         self._requests[request.request] = _RequestState(request, self.model.new_state(), Sampler(params))
 
     def close_request(self, request: int) -> None:
@@ -181,12 +174,7 @@ class MLXBackend:
     def take_logprobs(self, request: int) -> StepLogprobs | None:
         """What was scored for an open request since the last call (with ``logprobs`` or
         ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
-        state = self._requests.get(request)
-        if state is None or (not state.prompt_logprobs and state.token_logprob is None):
-            return None
-        step = StepLogprobs(tuple(state.prompt_logprobs), state.token_logprob)
-        state.prompt_logprobs, state.token_logprob = [], None
-        return step
+        return take_logprobs(self._requests.get(request))
 
     def logits_of(self, request: int) -> list[np.ndarray]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""
@@ -228,14 +216,18 @@ class MLXBackend:
         layer, jobs = group.layer, group.jobs
         states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
-            tokens = [t for state, job in zip(states, jobs, strict=True) for t in _input_tokens(state, job)]
+            tokens = [
+                t
+                for state, job in zip(states, jobs, strict=True)
+                for t in input_tokens(state.spec, state.position, state.last_token, job)
+            ]
             hidden = self.model.embed(mx.array(tokens, dtype=mx.int32))
             final = list(range(len(jobs)))
         else:
             hidden, final = self._moe(layer, jobs, states)
         out: list[JobResult | None] = [JobResult(job) if job.remaining else None for job in jobs]
         if final:
-            spans = _row_spans(jobs)
+            spans = row_spans(jobs)
             kept = [(jobs[i], states[i]) for i in final]
             rows = [hidden[spans[i][0] : spans[i][1]] for i in final]
             finished = self._finish(layer, mx.concatenate(rows) if len(rows) > 1 else rows[0], kept)
@@ -266,7 +258,7 @@ class MLXBackend:
         hidden = _cat(hidden_parts)
         indices = mx.array(np.concatenate(slot_rows), dtype=mx.uint32)
         routed = self.model.moe_partial(layer, hidden, indices, _cat(weight_parts), self.pools.pools)
-        spans = _row_spans(jobs)
+        spans = row_spans(jobs)
         final, outputs = [], []
         for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
             start, stop = spans[i]
@@ -309,7 +301,7 @@ class MLXBackend:
     def _finish(self, layer: int, hidden: mx.array, kept: list[tuple[Job, _RequestState]]) -> list[JobResult]:
         """After the MoE: sample at the last layer, else the next layer's attention and gate."""
         model = self.model
-        spans = _row_spans([job for job, _ in kept])
+        spans = row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
             return self._sample(kept, spans, hidden)
         following = layer + 1
@@ -327,8 +319,8 @@ class MLXBackend:
         for (job, state), (start, stop) in zip(kept, spans, strict=True):
             state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
             state.routing = routing[start:stop]
-            predicted = _experts(guesses[start:stop]) if guesses is not None else ()
-            out.append(JobResult(job, _experts(state.routing), predicted))
+            predicted = distinct_experts(guesses[start:stop]) if guesses is not None else ()
+            out.append(JobResult(job, distinct_experts(state.routing), predicted))
         return out
 
     def _sample(
@@ -399,28 +391,3 @@ def _torch(values: Any) -> Any:
 
 def _cat(parts: list[mx.array]) -> mx.array:
     return mx.concatenate(parts) if len(parts) > 1 else parts[0]
-
-
-def _input_tokens(state: _RequestState, job: Job) -> list[int]:
-    """The tokens a pass embeds: the next prompt chunk, or the last sampled token."""
-    if job.prefill:
-        chunk = list(state.spec.prompt[state.position : state.position + job.num_tokens])
-        if len(chunk) != job.num_tokens:
-            raise RuntimeError(f"request {job.request}: prefill chunk past the end of the prompt")
-        return chunk
-    assert state.last_token is not None
-    return [state.last_token]
-
-
-def _experts(rows: np.ndarray) -> tuple[int, ...]:
-    """The distinct experts in rows of routing, ascending."""
-    return tuple(int(e) for e in np.unique(rows))
-
-
-def _row_spans(jobs: Sequence[Job]) -> list[tuple[int, int]]:
-    """Each job's rows ``[start, stop)`` in the group's batch (one row per token)."""
-    spans, start = [], 0
-    for job in jobs:
-        spans.append((start, start + job.num_tokens))
-        start += job.num_tokens
-    return spans
