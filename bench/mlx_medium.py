@@ -21,28 +21,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runahead.medium import build_cached, cache_dir
+from runahead.medium import MEDIUM_CONFIG, build_cached, cache_dir
 from runahead.torchbench import TorchPoint, run_torch_point
 
 MLX_MEDIUM: dict[str, Any] = {
-    "hidden_size": 1024,
+    **MEDIUM_CONFIG,
     "num_hidden_layers": 8,
     "num_experts": 32,
     "num_experts_per_tok": 4,
-    "moe_intermediate_size": 512,
-    "intermediate_size": 2048,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
     "vocab_size": 8192,
-    "max_position_embeddings": 4096,
-    "norm_topk_prob": True,
-    "initializer_range": 0.1,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
-"""8 layers x 32 experts (top-4) of 3 x 512 x 1024: 403 M expert weights, 226 MB at 4 bits."""
+"""The medium model's shapes (hidden 1024, experts 512 wide) with 8 layers x 32 experts, top-4, and
+a vocabulary of 8192: 403 M expert weights, 226 MB at 4 bits."""
 
 
 def mlx_medium_model() -> Path:

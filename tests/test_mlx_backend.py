@@ -22,12 +22,10 @@ pytest.importorskip("mlx_lm")
 
 from runahead.backends.mlx import MLXBackend
 from runahead.engine import Engine
-from runahead.jobs import RequestSpec
 from runahead.models.description import ModelLoadError
-from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
-from mlxhelpers import MLX_ARCHS, build_mlx_model, convert, mlx_lm_greedy, transformers_greedy
+from mlxhelpers import MLX_ARCHS, build_mlx_model, convert, mlx_lm_greedy, run_requests, transformers_greedy
 
 TOKENS = 10
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
@@ -52,16 +50,7 @@ def folders(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def run(path: Path, policy: str, *, chunk: int = 2, store: str = "disk") -> tuple[dict[int, list[int]], Any]:
     backend = MLXBackend.open(str(path), cache_slots=SLOTS, store=store, device="cpu")
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy=policy, prefill_chunk=chunk))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=prompt, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, prompt in enumerate(PROMPTS)
-    ]
-    try:
-        tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
-    assert runtime.cache.is_idle() and runtime.cache.pinned_count() == 0
+    tokens, _ = run_requests(backend, policy, PROMPTS, TOKENS, slots=SLOTS, chunk=chunk)
     return tokens, backend
 
 
@@ -82,16 +71,9 @@ def test_float32_equals_transformers_and_the_torch_backend(folders: dict[str, An
 
     expected = folders["expected"]["f32"]
     assert transformers_greedy(folders["f32"], PROMPTS, TOKENS) == expected
-    backend = TorchBackend.open(str(folders["f32"]), cache_slots=SLOTS)
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy="runahead", prefill_chunk=2))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=p, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, p in enumerate(PROMPTS)
-    ]
-    try:
-        torch_tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
+    torch_tokens, _ = run_requests(
+        TorchBackend.open(str(folders["f32"]), cache_slots=SLOTS), "runahead", PROMPTS, TOKENS, slots=SLOTS
+    )
     mlx_tokens, _ = run(folders["f32"], "runahead")
     assert torch_tokens == mlx_tokens
     assert [mlx_tokens[i] for i in range(len(PROMPTS))] == expected

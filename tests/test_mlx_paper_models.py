@@ -9,7 +9,6 @@ torch backend's. Skipped without MLX.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,8 @@ import pytest
 pytest.importorskip("mlx.core")
 
 from runahead.backends.mlx import MLXBackend
-from runahead.jobs import RequestSpec
-from runahead.runtime import Runtime, RuntimeConfig
-from runahead.sampling import SamplingParams
 
-from mlxhelpers import transformers_greedy
+from mlxhelpers import run_requests, transformers_greedy
 from modelhelpers import build_tiny_model
 
 TOKENS = 10
@@ -41,16 +37,8 @@ def model(
 
 
 def run(backend: Any, policy: str) -> dict[int, list[int]]:
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy=policy, prefill_chunk=2))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=p, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, p in enumerate(PROMPTS)
-    ]
-    try:
-        tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
-    assert runtime.cache.is_idle() and runtime.cache.stats.evictions > 0
+    tokens, runtime = run_requests(backend, policy, PROMPTS, TOKENS, slots=SLOTS)
+    assert runtime.cache.stats.evictions > 0
     return tokens
 
 
