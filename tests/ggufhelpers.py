@@ -21,7 +21,13 @@ import torch
 
 from modelhelpers import build_tiny_model
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "mixtral": "llama"}
+GGUF_ARCH = {
+    "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
+    "olmoe": "olmoe",
+    "mixtral": "llama",
+    "qwen3_5_moe": "qwen35moe",
+}
 """Our ``model_type`` -> the GGUF ``general.architecture`` the converter writes."""
 
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -32,6 +38,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "olmoe": {"intermediate_size": 96, "clip_qkv": None},
     # GGUF's llama has no sliding window; llama.cpp renormalises Mixtral's top-k, as transformers does.
     "mixtral": {"intermediate_size": 96, "sliding_window": None},
+    "qwen3_5_moe": {"moe_intermediate_size": 96, "shared_expert_intermediate_size": 64},
 }
 
 
@@ -102,6 +109,7 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
     from safetensors.numpy import save_file
     from safetensors.torch import load_file
 
+    from runahead.models import gguf_qwen35
     from runahead.models.gguf_convert import expert_part, gguf_name, q_k_permutation, read_hf_config
 
     reader = GGUFReader(gguf_path)
@@ -119,8 +127,10 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
             assert expert is not None, "tiny models are saved per expert"
             found = stored[f"blk.{layer}.ffn_{role}_exps.weight"][expert]
         else:
-            target = gguf_name(name, config)
+            target = gguf_name(gguf_qwen35.hf_name(name), config)
             found = stored[target]
+            if GGUF_ARCH[config["model_type"].removesuffix("_text")] == gguf_qwen35.ARCH:
+                found = gguf_qwen35.from_gguf(name, found, config, value.shape)
             if heads := q_k_permutation(target, config):  # undo the converter's permutation
                 found = found.reshape(heads, found.shape[0] // heads // 2, 2, *found.shape[1:]).swapaxes(1, 2)
         state[name] = np.ascontiguousarray(np.asarray(found, dtype=np.float32).reshape(value.shape))

@@ -31,14 +31,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from runahead.models import get_architecture
+from runahead.models import get_architecture, gguf_qwen35
 from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
+from runahead.models.gguf_convert import gguf_name, q_k_permutation
 from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange
 
-MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe", "llama": "mixtral"}
+MODEL_TYPES = {
+    "qwen3moe": "qwen3_moe",
+    "qwen2moe": "qwen2_moe",
+    "olmoe": "olmoe",
+    "llama": "mixtral",
+    "qwen35moe": "qwen3_5_moe",
+}
 """GGUF ``general.architecture`` -> the runtime's ``model_type``."""
 
-NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True}
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True, "qwen35moe": True}
+NOT_READ = {"gemma4": "Gemma 4", "gpt-oss": "gpt-oss"}
+"""GGUF architectures of models the runtime runs from safetensors but not (yet) from GGUF."""
 """Whether llama.cpp renormalises the top-k routing weights of each architecture (it fixes this per
 architecture; the GGUF carries no such key for these)."""
 
@@ -168,6 +177,11 @@ def _check_extents(file: Path, size: int, start: int, fields: list[Any]) -> None
 def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
     """``(GGUF architecture, config.json-style dict)`` from the metadata."""
     arch = str(model.meta("general.architecture"))
+    if arch in NOT_READ:
+        raise ModelLoadError(
+            f"{model.path}: GGUF architecture {arch!r} ({NOT_READ[arch]}) is not read from GGUF yet; "
+            f"run its Hugging Face folder instead (supported GGUF: {', '.join(MODEL_TYPES)})"
+        )
     if arch not in MODEL_TYPES:
         raise ModelLoadError(
             f"{model.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
@@ -181,9 +195,10 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         raise ModelLoadError(f"{model.path}: {arch} without {arch}.expert_count is a dense model, not MoE")
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     vocab = model.shape("token_embd.weight")[0] if "token_embd.weight" in model.tensors else 0
+    blocks = int(key("block_count")) - int(key("nextn_predict_layers", 0))  # MTP layers: not run
     raw: dict[str, Any] = {
         "model_type": MODEL_TYPES[arch],
-        "num_hidden_layers": int(key("block_count")),
+        "num_hidden_layers": blocks,
         "num_experts": experts,
         "num_experts_per_tok": int(key("expert_used_count")),
         "hidden_size": hidden,
@@ -211,6 +226,8 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         raw["qkv_bias"] = "blk.0.attn_q.bias" in model.tensors
     if arch in ("qwen3moe", "olmoe"):
         raw["attention_bias"] = "blk.0.attn_q.bias" in model.tensors
+    if arch == gguf_qwen35.ARCH:
+        raw.update(gguf_qwen35.raw_config(key, blocks))
     experts_0 = [model.tensors.get(f"blk.0.{short}.weight") for short, _ in EXPERT_TENSORS]
     if all(found is not None for found in experts_0):
         tensors = [found[1] for found in experts_0 if found is not None]
@@ -219,22 +236,14 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
     return arch, raw
 
 
-def gguf_names(config: MoEConfig) -> dict[str, str]:
-    """Canonical resident weight name -> its GGUF tensor name (``convert_hf_to_gguf.py``'s)."""
-    names = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
-    per = {
-        "input_norm": "attn_norm", "post_norm": "ffn_norm", "router": "ffn_gate_inp",
-        "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-        "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "shared_gate": "ffn_gate_shexp",
-        "shared_up": "ffn_up_shexp", "shared_down": "ffn_down_shexp",
-        "shared_expert_gate": "ffn_gate_inp_shexp",
-    }  # fmt: skip
-    for layer in range(config.num_layers):
-        for key, name in per.items():
-            names[f"{layer}.{key}"] = f"blk.{layer}.{name}.weight"
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            names[f"{layer}.{proj}.bias"] = f"blk.{layer}.{per[proj]}.bias"
-    return names
+def gguf_names(arch: type[MoEModel], config: MoEConfig, model_type: str) -> dict[str, tuple[str, str]]:
+    """Canonical resident weight name -> ``(HF name, GGUF name)``: the description's checkpoint name,
+    named as ``runahead convert`` and llama.cpp's converter name it (``gguf``'s ``TensorNameMap``)."""
+    naming = {"model_type": model_type, "num_hidden_layers": config.num_layers}
+    return {
+        key: (hf[0], gguf_name(gguf_qwen35.hf_name(hf[0]), naming))
+        for key, hf in arch.weight_names(config).items()
+    }
 
 
 EXPERT_TENSORS = (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down"))
@@ -273,11 +282,6 @@ def expert_layout(model: GGUFModel, config: MoEConfig) -> ExpertLayout:
     return ExpertLayout(config.num_layers, n, h, i, ranges, stored=True)
 
 
-def _unpermute(w: np.ndarray[Any, Any], heads: int) -> np.ndarray[Any, Any]:
-    """Undo ``convert_hf_to_gguf.py``'s q/k row permutation for llama's interleaved RoPE."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def load_gguf(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[MoEModel, ExpertLayout]:
@@ -290,18 +294,22 @@ def load_gguf(
     arch_name, raw = read_config(model)
     arch: type[MoEModel] = get_architecture(raw["model_type"])
     config = arch.parse_config(raw)
-    names = gguf_names(config)
+    names = gguf_names(arch, config, raw["model_type"])
     weights: dict[str, torch.Tensor] = {}
     for key, shape in arch.weight_shapes(config).items():
-        values = model.dequantized(names[key])
+        hf, name = names[key]
+        values = model.dequantized(name)
         if values.size != int(np.prod(shape)):
             raise ModelLoadError(
-                f"{model.path}: tensor {names[key]}: expected shape {list(shape)}, found {list(values.shape)}"
+                f"{model.path}: tensor {name}: expected shape {list(shape)}, found {list(values.shape)}"
             )
+        if arch_name == gguf_qwen35.ARCH:
+            values = gguf_qwen35.from_gguf(hf, values, raw, shape)
         values = values.reshape(shape)
-        if arch_name == "llama" and key.endswith(("q_proj", "k_proj")):
-            heads = config.num_attention_heads if key.endswith("q_proj") else config.num_kv_heads
-            values = _unpermute(values, heads)
+        if heads := q_k_permutation(name, raw):  # undo the converter's llama q/k permutation
+            values = (
+                values.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+            )
         weights[key] = torch.from_numpy(np.array(values, dtype=np.float32)).to(
             device=device, dtype=dtype, copy=True
         )
