@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from runahead.models import get_architecture, gguf_qwen35
+from runahead.models import get_architecture, gguf_gpt_oss, gguf_qwen35
 from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
 from runahead.models.gguf_convert import gguf_name, q_k_permutation
-from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange
+from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange, role_shape
 
 MODEL_TYPES = {
     "qwen3moe": "qwen3_moe",
@@ -42,11 +42,19 @@ MODEL_TYPES = {
     "olmoe": "olmoe",
     "llama": "mixtral",
     "qwen35moe": "qwen3_5_moe",
+    "gpt-oss": "gpt_oss",
 }
 """GGUF ``general.architecture`` -> the runtime's ``model_type``."""
 
-NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True, "qwen35moe": True}
-NOT_READ = {"gemma4": "Gemma 4", "gpt-oss": "gpt-oss"}
+NORM_TOPK = {
+    "qwen3moe": True,
+    "qwen2moe": False,
+    "olmoe": False,
+    "llama": True,
+    "qwen35moe": True,
+    "gpt-oss": True,
+}
+NOT_READ = {"gemma4": "Gemma 4"}
 """GGUF architectures of models the runtime runs from safetensors but not (yet) from GGUF."""
 """Whether llama.cpp renormalises the top-k routing weights of each architecture (it fixes this per
 architecture; the GGUF carries no such key for these)."""
@@ -215,7 +223,9 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         "norm_topk_prob": NORM_TOPK[arch],
     }
     scaling = key("rope.scaling.type", "none")
-    if scaling == "linear":
+    if arch == gguf_gpt_oss.ARCH:
+        raw.update(gguf_gpt_oss.raw_config(key))  # YaRN included
+    elif scaling == "linear":
         raw["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     elif scaling != "none":
         raise ModelLoadError(f"{model.path}: RoPE scaling {scaling!r} is not supported (only linear)")
@@ -240,25 +250,27 @@ def gguf_names(arch: type[MoEModel], config: MoEConfig, model_type: str) -> dict
     """Canonical resident weight name -> ``(HF name, GGUF name)``: the description's checkpoint name,
     named as ``runahead convert`` and llama.cpp's converter name it (``gguf``'s ``TensorNameMap``)."""
     naming = {"model_type": model_type, "num_hidden_layers": config.num_layers}
-    return {
-        key: (hf[0], gguf_name(gguf_qwen35.hf_name(hf[0]), naming))
-        for key, hf in arch.weight_names(config).items()
-    }
+    return {key: (hf[0], gguf_name(hf[0], naming)) for key, hf in arch.weight_names(config).items()}
 
 
 EXPERT_TENSORS = (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down"))
 """A layer's stacked expert tensors (``blk.N.<name>.weight``) and the slot role of each."""
 
 
-def expert_layout(model: GGUFModel, config: MoEConfig) -> ExpertLayout:
-    """Each expert's bytes in each stacked tensor at their absolute offsets, as stored (a stored layout)."""
+def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> ExpertLayout:
+    """Each expert's bytes in each stacked tensor at their absolute offsets, as stored (a stored layout).
+
+    ``biases`` (gpt-oss): the stacked ``ffn_{gate,up,down}_exps.bias`` too, as the slot's last parts.
+    """
     h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
-    shapes = {"gate": (n, i, h), "up": (n, i, h), "down": (n, h, i)}
+    tensors = [(f"{short}.weight", role) for short, role in EXPERT_TENSORS]
+    if biases:
+        tensors += [(f"{short}.bias", f"{role}_bias") for short, role in EXPERT_TENSORS]
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
     for layer in range(config.num_layers):
         found = []
-        for short, role in EXPERT_TENSORS:
-            name = f"blk.{layer}.{short}.weight"
+        for short, role in tensors:
+            name = f"blk.{layer}.{short}"
             if name not in model.tensors:
                 raise ModelLoadError(f"{model.path}: missing tensor {name}")
             file, tensor = model.tensors[name]
@@ -268,16 +280,16 @@ def expert_layout(model: GGUFModel, config: MoEConfig) -> ExpertLayout:
                     f"{file}: tensor {name} has type {kind}; experts must be one of "
                     f"{', '.join(STORED_TYPES)} (requantize the file, e.g. llama-quantize ... Q4_0)"
                 )
-            if model.shape(name) != shapes[role]:
+            shape = role_shape(role, h, i)
+            if model.shape(name) != (n, *shape):
                 raise ModelLoadError(
-                    f"{file}: tensor {name}: expected shape {list(shapes[role])}, "
-                    f"found {list(model.shape(name))}"
+                    f"{file}: tensor {name}: expected shape {[n, *shape]}, found {list(model.shape(name))}"
                 )
-            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, role))
+            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, shape, role))
         for e in range(n):
             ranges[layer, e] = tuple(
-                TensorRange(path, offset + e * per, per, kind, (i, h) if role != "down" else (h, i), role)
-                for path, offset, per, kind, role in found
+                TensorRange(path, offset + e * per, per, kind, shape, role)
+                for path, offset, per, kind, shape, role in found
             )
     return ExpertLayout(config.num_layers, n, h, i, ranges, stored=True)
 
@@ -313,7 +325,7 @@ def load_gguf(
         weights[key] = torch.from_numpy(np.array(values, dtype=np.float32)).to(
             device=device, dtype=dtype, copy=True
         )
-    layout = expert_layout(model, config)
+    layout = expert_layout(model, config, biases=arch_name == gguf_gpt_oss.ARCH)
     built = arch(config, weights)
     built.slot_formats = {layer: layout.slot_format(layer) for layer in range(config.num_layers)}
     return built, layout

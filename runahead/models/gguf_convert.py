@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from runahead.models import gguf_qwen35
+from runahead.models import gguf_gpt_oss, gguf_qwen35
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +38,11 @@ ARCHITECTURES = {
     "mixtral": "llama",
     "qwen3_5_moe": "qwen35moe",
     "qwen3_5_moe_text": "qwen35moe",
+    "gpt_oss": "gpt-oss",
 }
 """``config.json``'s ``model_type`` -> the GGUF architecture llama.cpp's converter writes."""
 
-REFUSED = {
-    "gemma4": "gemma4",
-    "gemma4_text": "gemma4",
-    "gpt_oss": "gpt-oss",
-}
+REFUSED = {"gemma4": "gemma4", "gemma4_text": "gemma4"}
 """Architectures GGUF defines that ``convert`` does not write yet (refused by name)."""
 
 PRE_TOKENIZER = {
@@ -55,6 +52,7 @@ PRE_TOKENIZER = {
     "mixtral": "default",
     "qwen3_5_moe": "qwen35",
     "qwen3_5_moe_text": "qwen35",
+    "gpt_oss": "gpt-4o",
 }
 """``tokenizer.ggml.pre`` per ``model_type`` (the converter finds it by hashing the tokenizer's output
 on a test text; these are its answers for the architectures' published tokenizers)."""
@@ -128,13 +126,22 @@ def _permute(w: np.ndarray[Any, Any], heads: int) -> np.ndarray[Any, Any]:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def hf_alias(name: str) -> str:
+    """The name the converter gives an HF tensor before mapping it (``dt_bias``, gpt-oss's ``sinks``)."""
+    if name.endswith(".dt_bias"):
+        return name.removesuffix(".dt_bias") + ".dt_proj.bias"
+    if name.endswith("self_attn.sinks"):
+        return name + ".weight"
+    return name
+
+
 def gguf_name(name: str, config: dict[str, Any]) -> str:
     """The GGUF name of the non-expert HF tensor ``name`` (``gguf``'s ``TensorNameMap``, as the converter)."""
     import gguf
 
     arch = ARCHITECTURES[config["model_type"]]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_arch_enum(arch)], int(config["num_hidden_layers"]))
-    target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+    target = names.get_name(hf_alias(name), try_suffixes=(".weight", ".bias"))
     if target is None:
         raise ConvertError(f"tensor {name} has no GGUF name for {arch}")
     return str(target)
@@ -173,7 +180,14 @@ def gguf_tensors(folder: Path, config: dict[str, Any]) -> Iterator[tuple[str, np
     experts = int(_first(config, "num_local_experts", "num_experts"))
     pending: dict[tuple[int, str], dict[int, np.ndarray[Any, Any]]] = {}
     qwen35 = ARCHITECTURES[config["model_type"]] == gguf_qwen35.ARCH
+    gpt_oss = ARCHITECTURES[config["model_type"]] == gguf_gpt_oss.ARCH
     for name, value in _tensors(folder):
+        if gpt_oss and ".experts." in name:
+            try:
+                yield from gguf_gpt_oss.expert_tensors(name, value, int(name.split(".")[2]))
+            except ValueError as err:
+                raise ConvertError(f"{folder}: {err}") from None
+            continue
         part = expert_part(name)
         if part is None:
             if qwen35:
@@ -241,6 +255,16 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
     if rope_type == "linear" and rope.get("factor") is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
+    elif rope_type == "yarn" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for name, add in (
+            ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ):
+            if rope.get(name) is not None:
+                add(rope[name])
     elif rope_type not in (None, "default", "mrope"):
         raise ConvertError(
             f"{folder / 'config.json'}: RoPE scaling {rope_type!r} is not converted (only linear)"
@@ -260,6 +284,8 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
             writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if arch == gguf_qwen35.ARCH:
         gguf_qwen35.add_metadata(writer, config)
+    if arch == gguf_gpt_oss.ARCH:
+        gguf_gpt_oss.add_metadata(writer, config)
     if arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(

@@ -80,11 +80,6 @@ def to_gguf(name: str, x: Array, config: dict[str, Any]) -> tuple[str, Array]:
     return name, x
 
 
-def hf_name(name: str) -> str:
-    """The name :func:`to_gguf` gives an HF tensor (what the name map knows)."""
-    return name.removesuffix(".dt_bias") + ".dt_proj.bias" if name.endswith(".dt_bias") else name
-
-
 def from_gguf(name: str, x: Array, config: dict[str, Any], shape: tuple[int, ...]) -> Array:
     """The HF tensor ``name`` (of ``shape``) back from the GGUF's float32 data ``x``."""
     if name.endswith(".A_log"):
