@@ -6,12 +6,11 @@
 #   python bench/grouping_summary.py bench/results/grouping-sim-*/results.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
-policies=sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck
 for profile in thor mac-mini; do
   for model in qwen3.6-35b-a3b gemma4-26b-a4b; do
     for point in 0.3:256 0.1:128 0.7:128; do
       cache=${point%:*} steps=${point#*:}
-      runahead bench --backend sim --model "$model" --profile "$profile" --policy "$policies" \
+      runahead bench --backend sim --model "$model" --profile "$profile" --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
         --concurrency 2,4,8,16 --cache-fraction "$cache" --steps "$steps" --workload chat --seed 0 \
         --quiet --out "bench/results/grouping-sim-$profile-$model-$cache"
     done

@@ -145,4 +145,6 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "wall_s": wall,
         "direct_io": direct_io,
         "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
+        "prompt_0": list(requests[0].prompt),
+        "tokens_0": tokens[0],  # request 0's tokens, warm-up included (to compare with a peer)
     }
