@@ -8,17 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for profile in thor mac-mini; do
   for model in qwen3.6-35b-a3b gemma4-26b-a4b; do
+    out="bench/results/grouping-sim-$profile-$model"
     runahead bench --backend sim --model "$model" --profile "$profile" \
       --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
-      --concurrency 2,4,8,16 --cache-fraction 0.3 --steps 256 --workload chat --seed 0 \
-      --quiet --out "bench/results/grouping-sim-$profile-$model-0.3"
+      --concurrency 2,4,8,16 --cache-fraction 0.3 --steps 256 --workload chat --seed 0 --quiet --out "$out-0.3"
     runahead bench --backend sim --model "$model" --profile "$profile" \
       --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
-      --concurrency 2,4,8,16 --cache-fraction 0.1 --steps 128 --workload chat --seed 0 \
-      --quiet --out "bench/results/grouping-sim-$profile-$model-0.1"
+      --concurrency 2,4,8,16 --cache-fraction 0.1 --steps 128 --workload chat --seed 0 --quiet --out "$out-0.1"
     runahead bench --backend sim --model "$model" --profile "$profile" \
       --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
-      --concurrency 2,4,8,16 --cache-fraction 0.7 --steps 128 --workload chat --seed 0 \
-      --quiet --out "bench/results/grouping-sim-$profile-$model-0.7"
+      --concurrency 2,4,8,16 --cache-fraction 0.7 --steps 128 --workload chat --seed 0 --quiet --out "$out-0.7"
   done
 done

@@ -1,6 +1,6 @@
 """The best schedule reachable without prediction on small cases, and each grouping's share of it.
 
-    python bench/grouping_bound.py [--out bench/results/grouping-bound.json]
+    python bench/grouping_bound.py [--requests 2] [--out bench/results/grouping-bound.json]
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
 step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first), with
@@ -27,7 +27,7 @@ from runahead.costs import CostModel
 from runahead.jobs import Job
 from runahead.scheduling import Grouping
 from runahead.specs import load_model_spec, load_profile
-from runahead.trace import default_trace
+from runahead.synthetic import default_trace
 
 WARMUP = 8
 CONTEXT = 200  # tokens of context each job's attention reads (a chat prompt's order of magnitude)
@@ -94,6 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--cache-fraction", type=float, default=0.3)
+    parser.add_argument(
+        "--requests", type=int, choices=[2, 4], action="append", help="only these cases (default: both)"
+    )
     args = parser.parse_args()
     rows = []
     print(
@@ -103,6 +106,8 @@ def main() -> None:
     for profile in ("thor", "mac-mini"):
         for model in ("qwen3.6-35b-a3b", "gemma4-26b-a4b"):
             for requests, layers in CASES:
+                if args.requests and requests not in args.requests:
+                    continue
                 r = measure(model, profile, requests, layers, args.cache_fraction)
                 rows.append(r)
                 print(
