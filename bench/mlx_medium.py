@@ -6,7 +6,7 @@ experts read from disk (O_DIRECT), on this machine's MLX device; ratios side by 
 1. ``runahead`` vs ``sync`` vs ``prefetch-gate`` at each concurrency with 30% of the experts cached
    (``results.jsonl``; ``bench/summarize.py`` prints the overlap limit and share of the gain).
 2. Single-request decode with every expert resident (host store, preloaded) against mlx-lm's own
-   ``stream_generate`` on the same checkpoint (``single.jsonl``).
+   ``stream_generate`` on the same checkpoint, in pairs run back to back (``single.jsonl``).
 
 The model is built once under ``$RUNAHEAD_CACHE`` (float32 from transformers, then
 ``mlx_lm.convert`` to 4 bits, group 64, scales in float32): sized so the whole run takes minutes on
@@ -18,32 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from runahead.medium import build_cached, cache_dir
+from runahead.medium import MEDIUM_CONFIG, build_cached, cache_dir
 from runahead.torchbench import TorchPoint, run_torch_point
 
 MLX_MEDIUM: dict[str, Any] = {
-    "hidden_size": 1024,
+    **MEDIUM_CONFIG,
     "num_hidden_layers": 8,
     "num_experts": 32,
     "num_experts_per_tok": 4,
-    "moe_intermediate_size": 512,
-    "intermediate_size": 2048,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
     "vocab_size": 8192,
-    "max_position_embeddings": 4096,
-    "norm_topk_prob": True,
-    "initializer_range": 0.1,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
 }
-"""8 layers x 32 experts (top-4) of 3 x 512 x 1024: 403 M expert weights, 226 MB at 4 bits."""
+"""The medium model's shapes (hidden 1024, experts 512 wide) with 8 layers x 32 experts, top-4, and
+a vocabulary of 8192: 403 M expert weights, 226 MB at 4 bits."""
 
 
 def mlx_medium_model() -> Path:
@@ -89,7 +78,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="2,4,8")
     parser.add_argument("--cache-fraction", type=float, default=0.3)
     parser.add_argument("--device", default="cpu", help="cpu, gpu or auto")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of every point (the machine is shared)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every point (the machine is shared)")
     parser.add_argument("--skip-policies", action="store_true", help="only the single-request comparison")
     args = parser.parse_args()
     path = args.model or str(mlx_medium_model())
@@ -114,62 +103,89 @@ def main() -> None:
                             f"overlap {row['overlap_fraction']:.2f}, direct I/O {row['direct_io']}",
                             flush=True,
                         )
-    steps = 32
-    ours = run_torch_point(
-        TorchPoint(
-            path,
-            "sync",
-            1,
-            1.0,
-            steps,
-            store="host",
-            device=args.device,
-            warmup_steps=4,
-            preload=True,
-            backend="mlx",
-            dtype="auto",
-        )
-    )
-    start = time.perf_counter()
-    theirs = mlx_lm_tokens_per_s(path, steps)
-    single = [
-        {"system": "runahead mlx backend (all experts resident)", "tokens_per_s": ours["tokens_per_s"]},
-        {"system": "mlx_lm stream_generate", "tokens_per_s": theirs, "wall_s": time.perf_counter() - start},
-    ]
+    single = single_request(path, args.device, args.repeats)
     (args.out / "single.jsonl").write_text("".join(json.dumps(r) + "\n" for r in single))
     for r in single:
-        print(f"{r['system']:<45} {r['tokens_per_s']:7.2f} tok/s")
-    print(f"ratio (runahead / mlx-lm): {ours['tokens_per_s'] / theirs:.2f}")
+        print(f"[{r['repeat']}] {r['system']:<45} {r['tokens_per_s']:7.2f} tok/s")
+    ratios = [
+        ours["tokens_per_s"] / theirs["tokens_per_s"]
+        for ours, theirs in zip(single[::2], single[1::2], strict=True)
+    ]
+    print("runahead / mlx-lm, each pair: " + ", ".join(f"{r:.2f}" for r in ratios))
     if not args.skip_policies:
         print(report([json.loads(line) for line in (args.out / "results.jsonl").read_text().splitlines()]))
 
 
+def single_request(path: str, device: str, repeats: int, steps: int = 32) -> list[dict[str, Any]]:
+    """Single-request greedy decode, every expert resident (host store, preloaded), against mlx-lm's
+    ``stream_generate`` on the same folder: ``repeats`` pairs run back to back (ours, then theirs)."""
+    rows = []
+    for repeat in range(repeats):
+        resident = TorchPoint(
+            path, "sync", 1, 1.0, steps, store="host", device=device, warmup_steps=4,
+            preload=True, backend="mlx", dtype="auto",
+        )  # fmt: skip
+        ours = run_torch_point(resident)["tokens_per_s"]
+        theirs = mlx_lm_tokens_per_s(path, steps)
+        rows.append(
+            {"system": "runahead mlx backend (all experts resident)", "tokens_per_s": ours, "repeat": repeat}
+        )
+        rows.append({"system": "mlx_lm stream_generate", "tokens_per_s": theirs, "repeat": repeat})
+    return rows
+
+
 def report(rows: list[dict[str, Any]]) -> str:
-    """Per concurrency: median tokens/s of each policy over the repeats, runahead / sync and
-    prefetch-gate / sync, the overlap limit (compute + fetch) / max(compute, fetch) of sync's own
-    runs (medians), and the share of the possible gain runahead reaches, (x - 1) / (limit - 1)."""
+    """Per concurrency: median tokens/s of each policy over the repeats; runahead / sync and
+    prefetch-gate / sync as the median (and range) of the ratios within each repeat (the machine is
+    shared: only runs made back to back compare); the overlap limit (compute + fetch) /
+    max(compute, fetch) of sync's own runs and the share of it runahead reaches, (x - 1) / (limit - 1);
+    sync's compute over fetch; each policy's compute seconds per step (medians)."""
     from statistics import median
 
+    def spread(values: list[float]) -> str:
+        return f"{median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
     lines = [
-        f"{'conc':>4} {'sync':>7} {'pf-gate':>7} {'runahead':>8} {'ra/sync':>7} {'pf/sync':>7} "
-        f"{'limit':>6} {'of gain':>7} {'c/f':>5} {'ra overlap':>10}"
+        f"{'conc':>4} {'sync':>6} {'pf-gate':>7} {'runahead':>8} {'runahead/sync':>17} {'pf-gate/sync':>17} "
+        f"{'limit':>5} {'of gain':>7} {'c/f':>5} {'compute s/step s|p|r':>21}"
     ]
+    policies = ("sync", "prefetch-gate", "runahead")
+    notes: list[str] = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
-        by = {p: [r for r in rows if r["concurrency"] == concurrency and r["policy"] == p] for p in
-              ("sync", "prefetch-gate", "runahead")}  # fmt: skip
+        mine = [r for r in rows if r["concurrency"] == concurrency]
+        by = {p: [r for r in mine if r["policy"] == p] for p in policies}
         tps = {p: median(r["tokens_per_s"] for r in rs) for p, rs in by.items()}
-        compute = median(r["compute_s"] for r in by["sync"])
+        repeats = sorted({r["repeat"] for r in mine})
+        pairs = {
+            p: [
+                next(r for r in by[p] if r["repeat"] == i)["tokens_per_s"]
+                / next(r for r in by["sync"] if r["repeat"] == i)["tokens_per_s"]
+                for i in repeats
+            ]
+            for p in ("runahead", "prefetch-gate")
+        }
+        compute = {p: median(r["compute_s"] for r in rs) for p, rs in by.items()}
         fetch = median(r["fetch_s"] for r in by["sync"])
-        limit = (compute + fetch) / max(compute, fetch)
-        ratio = tps["runahead"] / tps["sync"]
-        share = (ratio - 1) / (limit - 1) if limit > 1 else float("nan")
-        overlap = median(r["overlap_fraction"] for r in by["runahead"])
-        lines.append(
-            f"{concurrency:>4} {tps['sync']:7.2f} {tps['prefetch-gate']:7.2f} {tps['runahead']:8.2f} "
-            f"{ratio:7.2f} {tps['prefetch-gate'] / tps['sync']:7.2f} {limit:6.2f} {share:7.0%} "
-            f"{compute / fetch:5.2f} {overlap:10.2f}"
+        limit = (compute["sync"] + fetch) / max(compute["sync"], fetch)
+        share = (median(pairs["runahead"]) - 1) / (limit - 1) if limit > 1 else float("nan")
+        fetches = {p: median(r["fetches_per_step"] for r in rs) for p, rs in by.items()}
+        prefetched = sum(r["prefetches"] for r in by["prefetch-gate"])
+        wasted = sum(r["wasted_prefetches"] for r in by["prefetch-gate"]) / prefetched if prefetched else 0.0
+        same = len({r["token_digest"] for r in mine}) == 1
+        notes.append(
+            f"{concurrency:>4}: fetches per step sync {fetches['sync']:.0f}, prefetch-gate "
+            f"{fetches['prefetch-gate']:.0f} ({wasted:.0%} of its prefetches unused), runahead "
+            f"{fetches['runahead']:.0f}; mean group size runahead "
+            f"{median(r['mean_group_size'] for r in by['runahead']):.2f}; the same tokens under every "
+            f"policy and repeat: {'yes' if same else 'NO'}"
         )
-    return "\n".join(lines)
+        lines.append(
+            f"{concurrency:>4} {tps['sync']:6.2f} {tps['prefetch-gate']:7.2f} {tps['runahead']:8.2f} "
+            f"{spread(pairs['runahead']):>17} {spread(pairs['prefetch-gate']):>17} {limit:5.2f} {share:7.0%} "
+            f"{compute['sync'] / fetch:5.2f} {compute['sync']:7.2f}|{compute['prefetch-gate']:.2f}|"
+            f"{compute['runahead']:.2f}"
+        )
+    return "\n".join(lines + notes)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,14 @@ import torch
 
 from modelhelpers import build_tiny_model
 
-GGUF_ARCH = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "mixtral": "llama"}
+GGUF_ARCH = {
+    "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
+    "olmoe": "olmoe",
+    "mixtral": "llama",
+    "qwen3_5_moe": "qwen35moe",
+    "gpt_oss": "gpt-oss",
+}
 """Our ``model_type`` -> the GGUF ``general.architecture`` the converter writes."""
 
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -32,6 +39,22 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "olmoe": {"intermediate_size": 96, "clip_qkv": None},
     # GGUF's llama has no sliding window; llama.cpp renormalises Mixtral's top-k, as transformers does.
     "mixtral": {"intermediate_size": 96, "sliding_window": None},
+    "qwen3_5_moe": {"moe_intermediate_size": 96, "shared_expert_intermediate_size": 64},
+    # GGUF has no swiglu constants (llama.cpp: 7.0) and ggml truncates YaRN's correction range.
+    "gpt_oss": {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "swiglu_limit": 7.0,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "original_max_position_embeddings": 64,
+            "truncate": True,
+        },
+    },
 }
 
 
@@ -102,6 +125,7 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
     from safetensors.numpy import save_file
     from safetensors.torch import load_file
 
+    from runahead.models import gguf_gpt_oss, gguf_qwen35
     from runahead.models.gguf_convert import expert_part, gguf_name, q_k_permutation, read_hf_config
 
     reader = GGUFReader(gguf_path)
@@ -112,15 +136,20 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
     config = read_hf_config(hf)
     state = {n: t.float().numpy() for f in sorted(hf.glob("*.safetensors")) for n, t in load_file(f).items()}
     out.mkdir(parents=True, exist_ok=True)
+    gpt_oss = GGUF_ARCH.get(config["model_type"]) == "gpt-oss"
     for name, value in state.items():
-        part = expert_part(name)
-        if part is not None:
+        part = None if gpt_oss else expert_part(name)
+        if gpt_oss and ".experts." in name:
+            found = gguf_gpt_oss.hf_experts(name, stored.__getitem__, int(name.split(".")[2]))
+        elif part is not None:
             layer, expert, role = part
             assert expert is not None, "tiny models are saved per expert"
             found = stored[f"blk.{layer}.ffn_{role}_exps.weight"][expert]
         else:
             target = gguf_name(name, config)
             found = stored[target]
+            if GGUF_ARCH[config["model_type"].removesuffix("_text")] == gguf_qwen35.ARCH:
+                found = gguf_qwen35.from_gguf(name, found, config, value.shape)
             if heads := q_k_permutation(target, config):  # undo the converter's permutation
                 found = found.reshape(heads, found.shape[0] // heads // 2, 2, *found.shape[1:]).swapaxes(1, 2)
         state[name] = np.ascontiguousarray(np.asarray(found, dtype=np.float32).reshape(value.shape))

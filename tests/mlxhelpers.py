@@ -92,3 +92,44 @@ def transformers_greedy(path: str | Path, prompts: Sequence[Sequence[int]], toke
             )
             out.append(full[0, len(prompt) :].tolist())
     return out
+
+
+def run_requests(
+    backend: Any,
+    policy: str,
+    prompts: Sequence[Sequence[int]],
+    tokens: int,
+    *,
+    slots: int,
+    chunk: int = 2,
+    keep: dict[int, Any] | None = None,
+) -> tuple[dict[int, list[int]], Any]:
+    """Greedy ``tokens`` for every prompt at once through the runtime on ``backend`` (closed after);
+    with ``keep``, each request's logits (``keep_logits``) are saved into it before its state is freed.
+    Checks that every pin was released. Returns the tokens and the runtime."""
+    import asyncio
+
+    from runahead.jobs import RequestSpec
+    from runahead.runtime import Runtime, RuntimeConfig
+    from runahead.sampling import SamplingParams
+
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=slots, policy=policy, prefill_chunk=chunk))
+    specs = [
+        RequestSpec(i, tokens, prompt=tuple(p), sampling=SamplingParams(max_tokens=tokens))
+        for i, p in enumerate(prompts)
+    ]
+    if keep is not None:
+        close = backend.close_request
+
+        def keeping(request: int) -> None:
+            if request in backend._requests:
+                keep[request] = backend.logits_of(request)
+            close(request)
+
+        backend.close_request = keeping
+    try:
+        out = asyncio.run(runtime.run(specs))
+    finally:
+        backend.close()
+    assert runtime.cache.is_idle() and runtime.cache.pinned_count() == 0
+    return out, runtime

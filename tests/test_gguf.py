@@ -39,6 +39,10 @@ from runahead.store import DiskStore, HostStore, SlotPool
 from simhelpers import POLICIES
 
 CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in GGUF_ARCH]
+TOLERANCE = {"qwen3_5_moe": 4e-4}
+"""Float32 logit tolerance where 1e-4 is too tight: Qwen3.5's linear attention against transformers'
+reference path differs by up to ~3e-4 on some of the 8 concurrent requests, from the GGUF and from
+its dequantized safetensors twin alike (measured 2026-12-01); greedy tokens are still equal."""
 POLICY_CASES = [(case, policy) for case in CASES for policy in POLICIES]
 
 
@@ -73,7 +77,7 @@ def _checked_run(arch: str, kind: str, folder: Path) -> dict[str, Any]:
             sequence = torch.tensor([prompt + tokens[index]])
             ref = reference(sequence).logits[0, len(prompt) - 1 : -1]
             assert ref.argmax(-1).tolist() == tokens[index], f"request {index}: greedy tokens differ"
-            assert (torch.stack(logits[index]) - ref).abs().max().item() < 1e-4
+            assert (torch.stack(logits[index]) - ref).abs().max().item() < TOLERANCE.get(arch, 1e-4)
     return {"path": path, "kind": kind, "expected": tokens}
 
 
@@ -108,10 +112,12 @@ def test_every_policy_generates_the_reference_tokens(
 @pytest.mark.parametrize(("arch", "kind"), CASES)
 def test_slots_hold_experts_as_stored(gguf_models: Any, arch: str, kind: str) -> None:
     _, layout = load_gguf(gguf_models(arch, kind)["path"])
-    assert layout.stored and layout.slot_format(0).kinds == (kind, kind, kind)
+    biases = ("F32",) * 3 if arch == "gpt_oss" else ()  # gpt-oss's gate, up and down biases
+    assert layout.stored and layout.slot_format(0).kinds == (kind, kind, kind, *biases)
     per_block, block_bytes = STORED_TYPES[kind]
     h, i = layout.hidden_size, layout.intermediate_size
-    assert layout.slot_numel == 3 * h * i // per_block * block_bytes  # bytes, as stored
+    bias_bytes = 4 * (2 * i + h) if biases else 0
+    assert layout.slot_numel == 3 * h * i // per_block * block_bytes + bias_bytes  # bytes, as stored
 
 
 @pytest.mark.parametrize(("arch", "kind"), [("qwen3_moe", "Q4_0"), ("mixtral", "Q8_0")])
@@ -121,6 +127,30 @@ def test_host_store_and_prefill_waves(gguf_models: Any, arch: str, kind: str) ->
     assert tokens == {i: model["expected"][i] for i in range(5)}
     tokens, _, _ = run(model["path"], "runahead", requests=8, slots=6, barrier=False, chunk=2)
     assert tokens == model["expected"]
+
+
+def test_gpt_oss_mxfp4_experts_stay_mxfp4_and_give_the_reference_tokens(tmp_path: Path) -> None:
+    """The hub's gpt-oss type: experts MXFP4 (as llama.cpp's converter writes them), slots hold it."""
+    from transformers import AutoModelForCausalLM
+
+    q8, hf = build_tiny_gguf("gpt_oss", tmp_path, "Q8_0")
+    names = tuple(f"blk.{k}.ffn_{r}_exps.weight" for k in range(3) for r in ("gate", "up", "down"))
+    path = retyped(q8, tmp_path / "mxfp4.gguf", "MXFP4", names)
+    _, layout = load_gguf(path)
+    assert layout.slot_format(0).kinds == ("MXFP4", "MXFP4", "MXFP4", "F32", "F32", "F32")
+    reference = AutoModelForCausalLM.from_pretrained(
+        dequantized_folder(path, hf, tmp_path / "dequantized"),
+        dtype=torch.float32,
+        attn_implementation="eager",
+    ).eval()
+    tokens, logits, runtime = run(path, "runahead", requests=4, slots=6, barrier=False)
+    assert runtime.cache.stats.evictions > 0
+    with torch.no_grad():
+        for index in range(4):
+            sequence = torch.tensor([PROMPTS[index] + tokens[index]])
+            ref = reference(sequence).logits[0, len(PROMPTS[index]) - 1 : -1]
+            assert ref.argmax(-1).tolist() == tokens[index]
+            assert (torch.stack(logits[index]) - ref).abs().max().item() < 1e-4
 
 
 # --- the store: quantized bytes at unaligned offsets ----------------------------------------------

@@ -70,12 +70,23 @@ def test_what_cannot_be_converted_is_refused_by_name(tiny: Path, tmp_path: Path)
     other = tmp_path / "other"
     other.mkdir()
     config = json.loads((tiny / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "model_type": "gpt_oss"}))
-    with pytest.raises(ConvertError, match=r"model_type 'gpt_oss' \(GGUF gpt-oss\) is not converted yet"):
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "gemma4_text"}))
+    with pytest.raises(ConvertError, match=r"model_type 'gemma4_text' \(GGUF gemma4\) is not converted yet"):
         convert(other, tmp_path / "x.gguf")
     with pytest.raises(SystemExit) as exit_:
         main(["convert", str(other), str(tmp_path / "x.gguf")])
     assert exit_.value.code == 2
+
+
+def test_mxfp4_checkpoints_are_refused_by_name(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    hf = build_tiny_model("gpt_oss", tmp_path / "hf", **OVERRIDES["gpt_oss"])
+    blocks = "model.layers.0.mlp.experts.gate_up_proj_blocks"
+    save_file({blocks: torch.zeros(6, 192, 2, 16, dtype=torch.uint8)}, str(hf / "model.safetensors"))
+    with pytest.raises(ConvertError, match=f"tensor {blocks} is MXFP4: convert a dequantized checkpoint"):
+        convert(hf, tmp_path / "x.gguf", vocab=False)
 
 
 # --- llama.cpp loads what convert writes (optional: needs llama-cpp-python) --------------------------

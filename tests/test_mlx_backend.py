@@ -22,12 +22,10 @@ pytest.importorskip("mlx_lm")
 
 from runahead.backends.mlx import MLXBackend
 from runahead.engine import Engine
-from runahead.jobs import RequestSpec
 from runahead.models.description import ModelLoadError
-from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
-from mlxhelpers import MLX_ARCHS, build_mlx_model, convert, mlx_lm_greedy, transformers_greedy
+from mlxhelpers import MLX_ARCHS, build_mlx_model, convert, mlx_lm_greedy, run_requests, transformers_greedy
 
 TOKENS = 10
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
@@ -52,16 +50,7 @@ def folders(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def run(path: Path, policy: str, *, chunk: int = 2, store: str = "disk") -> tuple[dict[int, list[int]], Any]:
     backend = MLXBackend.open(str(path), cache_slots=SLOTS, store=store, device="cpu")
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy=policy, prefill_chunk=chunk))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=prompt, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, prompt in enumerate(PROMPTS)
-    ]
-    try:
-        tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
-    assert runtime.cache.is_idle() and runtime.cache.pinned_count() == 0
+    tokens, _ = run_requests(backend, policy, PROMPTS, TOKENS, slots=SLOTS, chunk=chunk)
     return tokens, backend
 
 
@@ -82,16 +71,9 @@ def test_float32_equals_transformers_and_the_torch_backend(folders: dict[str, An
 
     expected = folders["expected"]["f32"]
     assert transformers_greedy(folders["f32"], PROMPTS, TOKENS) == expected
-    backend = TorchBackend.open(str(folders["f32"]), cache_slots=SLOTS)
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy="runahead", prefill_chunk=2))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=p, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, p in enumerate(PROMPTS)
-    ]
-    try:
-        torch_tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
+    torch_tokens, _ = run_requests(
+        TorchBackend.open(str(folders["f32"]), cache_slots=SLOTS), "runahead", PROMPTS, TOKENS, slots=SLOTS
+    )
     mlx_tokens, _ = run(folders["f32"], "runahead")
     assert torch_tokens == mlx_tokens
     assert [mlx_tokens[i] for i in range(len(PROMPTS))] == expected
@@ -155,3 +137,33 @@ def test_a_quantization_entry_that_does_not_match_its_tensors_is_refused(
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=r"tensor model\.\S+ is quantized .* no quantization"):
         MLXBackend.open(str(bad), cache_slots=SLOTS)
+
+
+def test_logprobs_and_seeded_sampling_equal_the_torch_backends(folders: dict[str, Any]) -> None:
+    """Log-probs (of sampled and prompt tokens, with their top ones) and seeded sampling through the
+    engine: the same as the torch backend's on the same float32 folder."""
+    if folders["arch"] != "qwen3_moe":
+        pytest.skip("one architecture is enough")
+
+    async def collect(backend: str) -> tuple[list[Any], list[int]]:
+        async with await Engine.open(
+            str(folders["f32"]), backend=backend, cache_fraction=0.34, prefill_chunk=2
+        ) as engine:
+            scored = SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2)
+            chunks = [chunk async for chunk in engine.generate(list(PROMPTS[2]), scored)]
+            sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=7)
+            tokens = [chunk.token_id async for chunk in engine.generate(list(PROMPTS[1]), sampled)]
+            return chunks, tokens
+
+    torch_chunks, torch_sampled = asyncio.run(collect("torch"))
+    mlx_chunks, mlx_sampled = asyncio.run(collect("mlx"))
+    assert mlx_sampled == torch_sampled
+    assert [c.token_id for c in mlx_chunks] == [c.token_id for c in torch_chunks]
+    prompt_mlx, prompt_torch = mlx_chunks[0].prompt_logprobs, torch_chunks[0].prompt_logprobs
+    assert len(prompt_mlx) == len(PROMPTS[2]) - 1 == len(prompt_torch)
+    pairs = [(c.logprob, t.logprob) for c, t in zip(mlx_chunks, torch_chunks, strict=True)]
+    for ours, theirs in [*pairs, *zip(prompt_mlx, prompt_torch, strict=True)]:
+        assert ours is not None and theirs is not None
+        assert ours.token == theirs.token and abs(ours.logprob - theirs.logprob) < 1e-4
+        assert [i for i, _ in ours.top] == [i for i, _ in theirs.top]
+        assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(ours.top, theirs.top, strict=True))

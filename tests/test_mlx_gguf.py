@@ -8,7 +8,6 @@ requests at once, 8 cache slots for 24 experts and prompts in chunks of 2. Skipp
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,9 @@ import mlx.core as mx
 from ggufhelpers import GGUF_ARCH, build_tiny_gguf, dequantized_folder, transformers_gguf
 
 from runahead.backends.mlx import MLXBackend
-from runahead.jobs import RequestSpec
 from runahead.models.mlx.ggufq import repack
-from runahead.runtime import Runtime, RuntimeConfig
-from runahead.sampling import SamplingParams
+
+from mlxhelpers import run_requests
 
 TOKENS = 8
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
@@ -35,25 +33,9 @@ CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in GGUF_ARCH]
 
 def run(path: Path, policy: str) -> tuple[dict[int, list[int]], dict[int, list[np.ndarray]], MLXBackend]:
     backend = MLXBackend.open(str(path), cache_slots=SLOTS, device="cpu", keep_logits=True)
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy=policy, prefill_chunk=2))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=p, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, p in enumerate(PROMPTS)
-    ]
     logits: dict[int, list[np.ndarray]] = {}
-    close = backend.close_request
-
-    def keep(request: int) -> None:
-        if request in backend._requests:
-            logits[request] = backend.logits_of(request)
-        close(request)
-
-    backend.close_request = keep  # type: ignore[method-assign]
-    try:
-        tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
-    assert runtime.cache.is_idle() and runtime.cache.stats.evictions > 0
+    tokens, runtime = run_requests(backend, policy, PROMPTS, TOKENS, slots=SLOTS, keep=logits)
+    assert runtime.cache.stats.evictions > 0
     return tokens, logits, backend
 
 

@@ -1,4 +1,4 @@
-"""The paper's models on the mlx backend (Qwen3.5/3.6 MoE, Gemma 4 MoE): transformers' greedy tokens.
+"""The paper's models (Qwen3.5/3.6 MoE, Gemma 4 MoE) and gpt-oss on the mlx backend: transformers' tokens.
 
 Tiny random float32 models as ``tests/modelhelpers.py`` builds them for the torch backend (their
 constant-initialised weights randomised, linear-attention and sliding layers mixed in), run with 4
@@ -9,7 +9,6 @@ torch backend's. Skipped without MLX.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,15 @@ import pytest
 pytest.importorskip("mlx.core")
 
 from runahead.backends.mlx import MLXBackend
-from runahead.jobs import RequestSpec
-from runahead.runtime import Runtime, RuntimeConfig
-from runahead.sampling import SamplingParams
 
-from mlxhelpers import transformers_greedy
+from mlxhelpers import run_requests, transformers_greedy
 from modelhelpers import build_tiny_model
 
 TOKENS = 10
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
 SLOTS = 8
 POLICIES = ["sync", "runahead", "prefetch-gate", "runahead/grouping=static:2:2"]
-PAPER = ["qwen3_5_moe", "gemma4"]
+PAPER = ["qwen3_5_moe", "gemma4", "gpt_oss"]
 
 
 @pytest.fixture(scope="module", params=PAPER)
@@ -41,16 +37,8 @@ def model(
 
 
 def run(backend: Any, policy: str) -> dict[int, list[int]]:
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=SLOTS, policy=policy, prefill_chunk=2))
-    specs = [
-        RequestSpec(i, TOKENS, prompt=p, sampling=SamplingParams(max_tokens=TOKENS))
-        for i, p in enumerate(PROMPTS)
-    ]
-    try:
-        tokens = asyncio.run(runtime.run(specs))
-    finally:
-        backend.close()
-    assert runtime.cache.is_idle() and runtime.cache.stats.evictions > 0
+    tokens, runtime = run_requests(backend, policy, PROMPTS, TOKENS, slots=SLOTS)
+    assert runtime.cache.stats.evictions > 0
     return tokens
 
 

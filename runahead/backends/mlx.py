@@ -28,12 +28,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from runahead.backends.common import admit, distinct_experts, input_tokens, row_spans, take_logprobs
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
 from runahead.models.mlx.base import MLXModel, RequestStateMLX
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
-from runahead.sampling import Sampler, SamplingParams
+from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -51,6 +52,8 @@ class _RequestState:
     routing: np.ndarray | None = None  # ``ids`` on the host
     accumulated: mx.array | None = None  # the MoE sum of the waves computed so far
     logits: list[np.ndarray] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
+    token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
 
 
 def resolve_device(device: str) -> Any:
@@ -162,19 +165,16 @@ class MLXBackend:
     # -- request lifecycle -------------------------------------------------------------------------
 
     def open_request(self, request: RequestSpec) -> None:
-        if not request.prompt:
-            raise ValueError(f"request {request.request}: the mlx backend needs a non-empty prompt")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in request.prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"request {request.request}: prompt token ids {bad[:5]} are outside [0, {vocab})"
-            )
-        params = request.sampling or SamplingParams(max_tokens=request.max_tokens)
+        params = admit(request, self.model.config.vocab_size, "mlx")
         self._requests[request.request] = _RequestState(request, self.model.new_state(), Sampler(params))
 
     def close_request(self, request: int) -> None:
         self._requests.pop(request, None)
+
+    def take_logprobs(self, request: int) -> StepLogprobs | None:
+        """What was scored for an open request since the last call (with ``logprobs`` or
+        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
+        return take_logprobs(self._requests.get(request))
 
     def logits_of(self, request: int) -> list[np.ndarray]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""
@@ -216,14 +216,18 @@ class MLXBackend:
         layer, jobs = group.layer, group.jobs
         states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
-            tokens = [t for state, job in zip(states, jobs, strict=True) for t in _input_tokens(state, job)]
+            tokens = [
+                t
+                for state, job in zip(states, jobs, strict=True)
+                for t in input_tokens(state.spec, state.position, state.last_token, job)
+            ]
             hidden = self.model.embed(mx.array(tokens, dtype=mx.int32))
             final = list(range(len(jobs)))
         else:
             hidden, final = self._moe(layer, jobs, states)
         out: list[JobResult | None] = [JobResult(job) if job.remaining else None for job in jobs]
         if final:
-            spans = _row_spans(jobs)
+            spans = row_spans(jobs)
             kept = [(jobs[i], states[i]) for i in final]
             rows = [hidden[spans[i][0] : spans[i][1]] for i in final]
             finished = self._finish(layer, mx.concatenate(rows) if len(rows) > 1 else rows[0], kept)
@@ -254,7 +258,7 @@ class MLXBackend:
         hidden = _cat(hidden_parts)
         indices = mx.array(np.concatenate(slot_rows), dtype=mx.uint32)
         routed = self.model.moe_partial(layer, hidden, indices, _cat(weight_parts), self.pools.pools)
-        spans = _row_spans(jobs)
+        spans = row_spans(jobs)
         final, outputs = [], []
         for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
             start, stop = spans[i]
@@ -297,7 +301,7 @@ class MLXBackend:
     def _finish(self, layer: int, hidden: mx.array, kept: list[tuple[Job, _RequestState]]) -> list[JobResult]:
         """After the MoE: sample at the last layer, else the next layer's attention and gate."""
         model = self.model
-        spans = _row_spans([job for job, _ in kept])
+        spans = row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
             return self._sample(kept, spans, hidden)
         following = layer + 1
@@ -315,8 +319,8 @@ class MLXBackend:
         for (job, state), (start, stop) in zip(kept, spans, strict=True):
             state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
             state.routing = routing[start:stop]
-            predicted = _experts(guesses[start:stop]) if guesses is not None else ()
-            out.append(JobResult(job, _experts(state.routing), predicted))
+            predicted = distinct_experts(guesses[start:stop]) if guesses is not None else ()
+            out.append(JobResult(job, distinct_experts(state.routing), predicted))
         return out
 
     def _sample(
@@ -326,7 +330,12 @@ class MLXBackend:
         ends = mx.array([stop - 1 for _, stop in spans], dtype=mx.int32)
         logits = self.model.logits(hidden[ends]).astype(mx.float32)
         greedy = mx.argmax(logits, axis=-1)
-        mx.eval([logits, greedy] + [a for _, state in kept for a in state.kv.arrays()])
+        scores = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        prompts = self._score_prompts(kept, spans, hidden)
+        kv = [a for _, state in kept for a in state.kv.arrays()]
+        mx.eval([logits, greedy, scores, *(rows for _, _, rows, _ in prompts), *kv])
+        for state, targets, rows, top in prompts:
+            state.prompt_logprobs += token_logprobs(_torch(rows), targets, top)
         tokens = np.array(greedy).tolist()
         host = (
             np.array(logits)
@@ -346,38 +355,39 @@ class MLXBackend:
             if state.sampler.params.greedy:
                 state.last_token = int(tokens[row])
             else:
-                import torch
-
                 assert host is not None
-                state.last_token = state.sampler.sample(torch.from_numpy(host[row].copy()))
+                state.last_token = state.sampler.sample(_torch(host[row]))
+            ranked = state.sampler.params.logprobs
+            if ranked is not None:
+                (state.token_logprob,) = token_logprobs(
+                    _torch(scores[row : row + 1]), [state.last_token], ranked
+                )
             out.append(JobResult(job, token=state.last_token))
         return out
+
+    def _score_prompts(
+        self, kept: list[tuple[Job, _RequestState]], spans: list[tuple[int, int]], hidden: mx.array
+    ) -> list[tuple[_RequestState, list[int], mx.array, int]]:
+        """For requests with ``prompt_logprobs``: row ``i`` of a prompt chunk scores prompt token
+        ``i + 1`` (log-softmax of the LM head over the chunk's rows; no extra pass over the prompt)."""
+        pending = []
+        for (job, state), (start, _) in zip(kept, spans, strict=True):
+            top = state.sampler.params.prompt_logprobs
+            if not job.prefill or top is None:
+                continue
+            targets = list(state.spec.prompt[state.position + 1 : state.position + job.num_tokens + 1])
+            if targets:
+                rows = self.model.logits(hidden[start : start + len(targets)]).astype(mx.float32)
+                pending.append((state, targets, rows - mx.logsumexp(rows, axis=-1, keepdims=True), top))
+        return pending
+
+
+def _torch(values: Any) -> Any:
+    """A float32 torch tensor of an MLX or numpy array (for the shared sampler and log-prob scoring)."""
+    import torch
+
+    return torch.from_numpy(np.array(values, dtype=np.float32))
 
 
 def _cat(parts: list[mx.array]) -> mx.array:
     return mx.concatenate(parts) if len(parts) > 1 else parts[0]
-
-
-def _input_tokens(state: _RequestState, job: Job) -> list[int]:
-    """The tokens a pass embeds: the next prompt chunk, or the last sampled token."""
-    if job.prefill:
-        chunk = list(state.spec.prompt[state.position : state.position + job.num_tokens])
-        if len(chunk) != job.num_tokens:
-            raise RuntimeError(f"request {job.request}: prefill chunk past the end of the prompt")
-        return chunk
-    assert state.last_token is not None
-    return [state.last_token]
-
-
-def _experts(rows: np.ndarray) -> tuple[int, ...]:
-    """The distinct experts in rows of routing, ascending."""
-    return tuple(int(e) for e in np.unique(rows))
-
-
-def _row_spans(jobs: Sequence[Job]) -> list[tuple[int, int]]:
-    """Each job's rows ``[start, stop)`` in the group's batch (one row per token)."""
-    spans, start = [], 0
-    for job in jobs:
-        spans.append((start, start + job.num_tokens))
-        start += job.num_tokens
-    return spans

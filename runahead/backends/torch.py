@@ -33,10 +33,11 @@ from typing import Any, Literal
 
 import torch
 
+from runahead.backends.common import admit, distinct_experts, input_tokens, row_spans, take_logprobs
 from runahead.backends.dtypes import resolve_dtype
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
-from runahead.sampling import Sampler, SamplingParams, StepLogprobs, TokenLogprob, token_logprobs
+from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
 
 
 @dataclass(slots=True)
@@ -147,15 +148,7 @@ class TorchBackend:
     # -- request lifecycle -------------------------------------------------------------------------
 
     def open_request(self, request: RequestSpec) -> None:
-        if not request.prompt:
-            raise ValueError(f"request {request.request}: the torch backend needs a non-empty prompt")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in request.prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"request {request.request}: prompt token ids {bad[:5]} are outside [0, {vocab})"
-            )
-        params = request.sampling or SamplingParams(max_tokens=request.max_tokens)
+        params = admit(request, self.model.config.vocab_size, "torch")
         self._requests[request.request] = _RequestState(request, self.model.new_cache(), Sampler(params))
 
     def close_request(self, request: int) -> None:
@@ -164,12 +157,7 @@ class TorchBackend:
     def take_logprobs(self, request: int) -> StepLogprobs | None:
         """What was scored for an open request since the last call (with ``logprobs`` or
         ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
-        state = self._requests.get(request)
-        if state is None or (not state.prompt_logprobs and state.token_logprob is None):
-            return None
-        step = StepLogprobs(tuple(state.prompt_logprobs), state.token_logprob)
-        state.prompt_logprobs, state.token_logprob = [], None
-        return step
+        return take_logprobs(self._requests.get(request))
 
     def logits_of(self, request: int) -> list[torch.Tensor]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""
@@ -221,7 +209,9 @@ class TorchBackend:
         states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
             tokens = [
-                t for state, job in zip(states, jobs, strict=True) for t in self._input_tokens(state, job)
+                t
+                for state, job in zip(states, jobs, strict=True)
+                for t in input_tokens(state.spec, state.position, state.last_token, job)
             ]
             hidden = model.embed(self._to_device(tokens))
             final = list(range(len(jobs)))
@@ -263,7 +253,7 @@ class TorchBackend:
         )
         routing = self._routing(jobs, states, wanted)
         accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, accumulated, routing)
-        rows = _row_spans(jobs)
+        rows = row_spans(jobs)
         final = []
         for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
             start, stop = rows[i]
@@ -294,7 +284,7 @@ class TorchBackend:
     ) -> Callable[[], list[JobResult]]:
         """After the MoE: sample at the last layer, else the next layer's attention and gate."""
         model = self.model
-        spans = _row_spans([job for job, _ in kept])
+        spans = row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
             ends = self._to_device([stop - 1 for _, stop in spans])
             scored = self._score_prompts(kept, spans, hidden, readback)
@@ -317,21 +307,11 @@ class TorchBackend:
             out = []
             for (job, state), (start, stop) in zip(kept, spans, strict=True):
                 state.routing = routing[start:stop]
-                guess = _experts(guesses[start:stop]) if guesses is not None else ()
-                out.append(JobResult(job, _experts(state.routing), guess))
+                guess = distinct_experts(guesses[start:stop]) if guesses is not None else ()
+                out.append(JobResult(job, distinct_experts(state.routing), guess))
             return out
 
         return results
-
-    def _input_tokens(self, state: _RequestState, job: Job) -> list[int]:
-        """The tokens a pass embeds: the next prompt chunk, or the last sampled token."""
-        if job.prefill:
-            chunk = list(state.spec.prompt[state.position : state.position + job.num_tokens])
-            if len(chunk) != job.num_tokens:
-                raise RuntimeError(f"request {job.request}: prefill chunk past the end of the prompt")
-            return chunk
-        assert state.last_token is not None
-        return [state.last_token]
 
     def _score_prompts(
         self,
@@ -465,22 +445,8 @@ class _Readback:
             done.synchronize()
 
 
-def _experts(rows: list[list[int]]) -> tuple[int, ...]:
-    """The distinct experts in rows of routing, ascending."""
-    return tuple(sorted({e for row in rows for e in row}))
-
-
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The residual stream and routing a request's previous job left for this one."""
     if state.hidden is None or state.ids is None or state.weights is None:
         raise RuntimeError(f"request {request} has no hidden state for its MoE job: jobs ran out of order")
     return state.hidden, state.ids, state.weights
-
-
-def _row_spans(jobs: Sequence[Job]) -> list[tuple[int, int]]:
-    """Each job's rows ``[start, stop)`` in the group's batch (one row per token)."""
-    spans, start = [], 0
-    for job in jobs:
-        spans.append((start, start + job.num_tokens))
-        start += job.num_tokens
-    return spans

@@ -15,6 +15,7 @@ differs, and :meth:`MoEModel.layer_state` choosing each layer's per-request stat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -293,7 +294,7 @@ class MoEModel(ModelDescription):
         # CUDA one stream, so a reuse waits for the kernels that read the previous expert). Saves a
         # fresh 3 * I * H allocation per expert (here ~1.3 ms of a Q4_0 expert's ~2.2 ms).
         fmt = self.slot_formats[layer]
-        need = 3 * self.config.hidden_size * self.config.intermediate_size
+        need = sum(math.prod(part.shape) for part in fmt.parts)  # the matrices (and gpt-oss's biases)
         scratch = self._scratch.get(slot.device)
         if scratch is None or scratch.numel() < need:
             with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode

@@ -24,24 +24,36 @@ from typing import Any
 
 import numpy as np
 
+from runahead.models import gguf_gpt_oss, gguf_qwen35
+
 log = logging.getLogger(__name__)
 
 KINDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7}
 """Types ``convert`` writes matrices in -> ``general.file_type`` (llama.cpp's ``LlamaFileType``)."""
 
-ARCHITECTURES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "mixtral": "llama"}
-"""``config.json``'s ``model_type`` -> the GGUF architecture llama.cpp's converter writes."""
-
-REFUSED = {
+ARCHITECTURES = {
+    "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
+    "olmoe": "olmoe",
+    "mixtral": "llama",
     "qwen3_5_moe": "qwen35moe",
     "qwen3_5_moe_text": "qwen35moe",
-    "gemma4": "gemma4",
-    "gemma4_text": "gemma4",
     "gpt_oss": "gpt-oss",
 }
+"""``config.json``'s ``model_type`` -> the GGUF architecture llama.cpp's converter writes."""
+
+REFUSED = {"gemma4": "gemma4", "gemma4_text": "gemma4"}
 """Architectures GGUF defines that ``convert`` does not write yet (refused by name)."""
 
-PRE_TOKENIZER = {"qwen3_moe": "qwen2", "qwen2_moe": "qwen2", "olmoe": "olmo", "mixtral": "default"}
+PRE_TOKENIZER = {
+    "qwen3_moe": "qwen2",
+    "qwen2_moe": "qwen2",
+    "olmoe": "olmo",
+    "mixtral": "default",
+    "qwen3_5_moe": "qwen35",
+    "qwen3_5_moe_text": "qwen35",
+    "gpt_oss": "gpt-4o",
+}
 """``tokenizer.ggml.pre`` per ``model_type`` (the converter finds it by hashing the tokenizer's output
 on a test text; these are its answers for the architectures' published tokenizers)."""
 
@@ -53,7 +65,9 @@ _EXPERT_PARTS = {
     "w3": "up",
     "w2": "down",
 }
-_F32_SUFFIXES = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
+_F32_SUFFIXES = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
+_SKIPPED = ("mtp.", "model.visual.", "model.audio_tower.", "model.vision_tower.")
+"""Tensors not written: multi-token prediction layers and the vision / audio towers."""
 
 
 class ConvertError(ValueError):
@@ -75,6 +89,8 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConvertError(f"{folder}: no config.json (not a Hugging Face model folder)")
     config: dict[str, Any] = json.loads(path.read_text())
+    if isinstance(config.get("text_config"), dict):  # a multimodal wrapper: its text model
+        config = {**config["text_config"], "tie_word_embeddings": config.get("tie_word_embeddings", False)}
     model_type = str(config.get("model_type"))
     if model_type in REFUSED:
         raise ConvertError(
@@ -99,12 +115,24 @@ def _tensors(folder: Path) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield name, handle.get_tensor(name).to(torch.float32).numpy()
+                if name.startswith(_SKIPPED):
+                    continue
+                data = handle.get_tensor(name).to(torch.float32).numpy()
+                yield name.replace("model.language_model.", "model.", 1), data
 
 
 def _permute(w: np.ndarray[Any, Any], heads: int) -> np.ndarray[Any, Any]:
     """The converter's ``LlamaModel.permute``: q/k rows reordered for llama.cpp's interleaved RoPE."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_alias(name: str) -> str:
+    """The name the converter gives an HF tensor before mapping it (``dt_bias``, gpt-oss's ``sinks``)."""
+    if name.endswith(".dt_bias"):
+        return name.removesuffix(".dt_bias") + ".dt_proj.bias"
+    if name.endswith("self_attn.sinks"):
+        return name + ".weight"
+    return name
 
 
 def gguf_name(name: str, config: dict[str, Any]) -> str:
@@ -113,7 +141,7 @@ def gguf_name(name: str, config: dict[str, Any]) -> str:
 
     arch = ARCHITECTURES[config["model_type"]]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_arch_enum(arch)], int(config["num_hidden_layers"]))
-    target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+    target = names.get_name(hf_alias(name), try_suffixes=(".weight", ".bias"))
     if target is None:
         raise ConvertError(f"tensor {name} has no GGUF name for {arch}")
     return str(target)
@@ -151,9 +179,19 @@ def gguf_tensors(folder: Path, config: dict[str, Any]) -> Iterator[tuple[str, np
     """``(GGUF name, float32 data)`` of every tensor, experts stacked per layer and role."""
     experts = int(_first(config, "num_local_experts", "num_experts"))
     pending: dict[tuple[int, str], dict[int, np.ndarray[Any, Any]]] = {}
+    qwen35 = ARCHITECTURES[config["model_type"]] == gguf_qwen35.ARCH
+    gpt_oss = ARCHITECTURES[config["model_type"]] == gguf_gpt_oss.ARCH
     for name, value in _tensors(folder):
+        if gpt_oss and ".experts." in name:
+            try:
+                yield from gguf_gpt_oss.expert_tensors(name, value, int(name.split(".")[2]))
+            except ValueError as err:
+                raise ConvertError(f"{folder}: {err}") from None
+            continue
         part = expert_part(name)
         if part is None:
+            if qwen35:
+                name, value = gguf_qwen35.to_gguf(name, value, config)
             target = gguf_name(name, config)
             if heads := q_k_permutation(target, config):
                 value = _permute(value, heads)
@@ -207,7 +245,8 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
+    if config.get("intermediate_size") is not None:
+        writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     if config.get("num_key_value_heads") is not None:
         writer.add_head_count_kv(config["num_key_value_heads"])
@@ -216,7 +255,17 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
     if rope_type == "linear" and rope.get("factor") is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
-    elif rope_type not in (None, "default"):
+    elif rope_type == "yarn" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for name, add in (
+            ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ):
+            if rope.get(name) is not None:
+                add(rope[name])
+    elif rope_type not in (None, "default", "mrope"):
         raise ConvertError(
             f"{folder / 'config.json'}: RoPE scaling {rope_type!r} is not converted (only linear)"
         )
@@ -229,10 +278,14 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
     if config.get("head_dim") is not None:
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
-    if arch in ("qwen2moe", "qwen3moe"):
+    if arch in ("qwen2moe", "qwen3moe", gguf_qwen35.ARCH):
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         if config.get("shared_expert_intermediate_size") is not None:
             writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+    if arch == gguf_qwen35.ARCH:
+        gguf_qwen35.add_metadata(writer, config)
+    if arch == gguf_gpt_oss.ARCH:
+        gguf_gpt_oss.add_metadata(writer, config)
     if arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(

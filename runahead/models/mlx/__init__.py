@@ -25,6 +25,7 @@ MLX_ARCHITECTURES: dict[str, str] = {
     "qwen3_5_moe_text": "runahead.models.mlx.qwen3_5_moe:Qwen3_5MoeMLX",
     "gemma4": "runahead.models.mlx.gemma4:Gemma4MLX",
     "gemma4_text": "runahead.models.mlx.gemma4:Gemma4MLX",
+    "gpt_oss": "runahead.models.mlx.gpt_oss:GptOssMLX",
 }
 """``model_type`` -> ``"module:class"`` of its :class:`~runahead.models.mlx.base.MLXModel`."""
 

@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from runahead.models import get_architecture
 from runahead.models.description import ModelDescription, ModelLoadError, MoEConfig
-from runahead.models.layout import TensorRange
+from runahead.models.layout import TensorRange, role_shape
 
 MATRICES = ("gate", "up", "down")
 """The three matrices of a routed expert, in the order of their slot pools."""
@@ -66,13 +66,13 @@ class Quant:
 
 @dataclass(frozen=True, slots=True)
 class MatrixFormat:
-    """How one expert matrix (``shape`` ``[out, in]``) is held: its tensors' shapes and dtypes per expert.
+    """How one expert matrix (``[out, in]``; gpt-oss: its stored roles) is held, per expert.
 
     ``tensors`` maps ``weight`` (and ``scales``, ``biases`` when ``quant``) to ``(shape, file dtype)``.
     """
 
     name: str
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     quant: Quant | None
     tensors: tuple[tuple[str, tuple[int, ...], str], ...]
 
@@ -302,23 +302,22 @@ def _hf_experts(
     from runahead.models.loader import expert_layout
 
     layout = expert_layout(arch, config, infos)  # type: ignore[arg-type]
-    if layout.biases:
-        raise ModelLoadError(f"{config.model_type}: experts with biases do not run on the mlx backend yet")
     h, i = config.hidden_size, config.intermediate_size
-    shapes = {"gate": (i, h), "up": (i, h), "down": (h, i)}
+    shapes: dict[str, tuple[int, ...]] = {"gate": (i, h), "up": (i, h), "down": (h, i)}
     experts: dict[tuple[int, int], tuple[Piece, ...]] = {}
     dtypes: dict[str, str] = {}
     for key, ranges in layout.ranges.items():
         pieces: list[Piece] = []
         for r in ranges:
             for matrix, offset, nbytes in _split(r):
-                pieces.append(Piece(f"{matrix}.weight", r.path, offset, nbytes, r.dtype, shapes[matrix]))
+                shape = shapes.setdefault(matrix, role_shape(matrix, h, i))  # gpt-oss: stored roles
+                pieces.append(Piece(f"{matrix}.weight", r.path, offset, nbytes, r.dtype, shape))
                 if dtypes.setdefault(matrix, r.dtype) != r.dtype:
                     raise ModelLoadError(
                         f"{r.path}: expert {key} {matrix} is {r.dtype}, others are {dtypes[matrix]}"
                     )
         experts[key] = tuple(pieces)
-    formats = {m: MatrixFormat(m, shapes[m], None, (("weight", shapes[m], dtypes[m]),)) for m in MATRICES}
+    formats = {m: MatrixFormat(m, shapes[m], None, (("weight", shapes[m], d),)) for m, d in dtypes.items()}
     return formats, experts
 
 
