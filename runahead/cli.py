@@ -18,7 +18,12 @@ from typing import Any
 from runahead import cli_args as a
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA, float32 on CPU)."""
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA; on CPU the faster of
+float32 and bfloat16 at the model's shapes, timed once at start: :mod:`runahead.backends.dtypes`)."""
+
+DTYPE_HELP = (
+    "compute and cache dtype (auto: bfloat16 on CUDA; on CPU the faster of float32 and bfloat16, timed)"
+)
 
 MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE: 'small' or 'medium'"
 
@@ -63,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
     demo.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
+    demo.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     demo.add_argument(
         "--repeats",
         type=a.integer(1),
@@ -121,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compute each request on its own, so its tokens never depend on what it is batched with",
     )
+    convert = command(
+        "convert",
+        help="write a Hugging Face MoE folder as a GGUF file (llama.cpp's layout)",
+        description="Experts and the other matrices as --type (Q4_0: the paper's format), norms and "
+        "routers in F32; names, metadata, tokenizer and chat template as llama.cpp's convert_hf_to_gguf.py "
+        "writes them.",
+    )
+    convert.add_argument("model", type=Path, help="a Hugging Face model folder")
+    convert.add_argument("out", type=Path, help="the .gguf file to write")
+    convert.add_argument("--type", default="q4_0", choices=["q4_0", "q8_0", "f16", "f32"], help="matrix type")
+    convert.add_argument("--split-max-tensors", type=a.integer(0), default=0, help="tensors per split file")
+    convert.add_argument("--split-max-size", type=a.integer(0), default=0, help="bytes per split file")
+    convert.add_argument("--no-vocab", action="store_true", help="write no tokenizer (weights alone)")
     return parser
 
 
@@ -160,7 +179,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "--store", default="disk", choices=["disk", "host"], help="torch: where experts are read from"
     )
     bench.add_argument("--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N")
-    bench.add_argument("--dtype", default="float32", choices=DTYPES, help="torch: compute and cache dtype")
+    bench.add_argument("--dtype", default="auto", choices=DTYPES, help="torch: " + DTYPE_HELP)
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -224,7 +243,7 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="auto",
         choices=DTYPES,
-        help="compute and cache dtype (auto: bfloat16 on CUDA, else float32)",
+        help=DTYPE_HELP,
     )
     parser.add_argument("--policy", type=a.policy, default="runahead", help="scheduling policy spec")
     parser.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
@@ -334,6 +353,22 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_convert(args: argparse.Namespace) -> int:
+    from runahead.models.gguf_convert import convert
+
+    files = convert(
+        args.model,
+        args.out,
+        args.type,
+        split_max_tensors=args.split_max_tensors,
+        split_max_size=args.split_max_size,
+        vocab=not args.no_vocab,
+    )
+    for file in files:
+        print(f"{file}  {file.stat().st_size} bytes")
+    return 0
+
+
 def run_demo(args: argparse.Namespace) -> int:
     import statistics
 
@@ -341,7 +376,13 @@ def run_demo(args: argparse.Namespace) -> int:
     from runahead.demo import run_pairs
 
     rows, ratios = run_pairs(
-        args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats, args.backend
+        args.concurrency,
+        args.tokens,
+        args.cache_fraction,
+        args.store,
+        args.repeats,
+        backend=args.backend,
+        dtype=args.dtype,
     )
     print(format_table(rows[-2:]))
     same = len({row["token_digest"] for row in rows}) == 1
@@ -493,6 +534,7 @@ def _progress(total: int, quiet: bool, advance: Callable[[int], None]) -> Callab
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "bench": run_bench,
+    "convert": run_convert,
     "generate": run_generate,
     "demo": run_demo,
     "serve": run_serve,

@@ -121,7 +121,8 @@ class Engine:
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with.
-        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA, float32 on CPU).
+        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA; on CPU the faster of float32
+        and bfloat16 at the model's shapes, timed once per process). An unknown name: ValueError.
         ``max_waiting``: requests that may wait beyond the running ones (:meth:`submit`).
         """
         if max_waiting < 0:

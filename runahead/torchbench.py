@@ -40,7 +40,7 @@ class TorchPoint:
     seed: int = 0
     queue_depth: int = 2
     preload: bool = False  # read every expert that fits into the cache before the run
-    dtype: str = "float32"  # compute and cache dtype: float32, bfloat16, float16 or auto
+    dtype: str = "auto"  # compute and cache dtype: float32, bfloat16, float16 or auto (timed at start)
     backend: str = "torch"  # or "mlx" (the same measurement on MLX)
 
     def __post_init__(self) -> None:
@@ -136,6 +136,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
     return {
         **asdict(point),
         "backend": point.backend,
+        "compute_dtype": str(getattr(backend.model, "dtype", point.dtype)).removeprefix("torch."),
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),
@@ -144,4 +145,6 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "wall_s": wall,
         "direct_io": direct_io,
         "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
+        "prompt_0": list(requests[0].prompt),
+        "tokens_0": tokens[0],  # request 0's tokens, warm-up included (to compare with a peer)
     }

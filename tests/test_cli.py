@@ -12,7 +12,7 @@ from runahead.cli import build_parser, main
 from runahead.cli_args import HelpFormatter
 from runahead.extras import missing_extra
 
-COMMANDS = ("bench", "demo", "serve", "generate")
+COMMANDS = ("bench", "demo", "serve", "generate", "convert")
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:

@@ -31,14 +31,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from runahead.models import get_architecture
+from runahead.models import get_architecture, gguf_gpt_oss, gguf_qwen35
 from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
-from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange
+from runahead.models.gguf_convert import gguf_name, q_k_permutation
+from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange, role_shape
 
-MODEL_TYPES = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe", "llama": "mixtral"}
+MODEL_TYPES = {
+    "qwen3moe": "qwen3_moe",
+    "qwen2moe": "qwen2_moe",
+    "olmoe": "olmoe",
+    "llama": "mixtral",
+    "qwen35moe": "qwen3_5_moe",
+    "gpt-oss": "gpt_oss",
+}
 """GGUF ``general.architecture`` -> the runtime's ``model_type``."""
 
-NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "olmoe": False, "llama": True}
+NORM_TOPK = {
+    "qwen3moe": True,
+    "qwen2moe": False,
+    "olmoe": False,
+    "llama": True,
+    "qwen35moe": True,
+    "gpt-oss": True,
+}
+NOT_READ = {"gemma4": "Gemma 4"}
+"""GGUF architectures of models the runtime runs from safetensors but not (yet) from GGUF."""
 """Whether llama.cpp renormalises the top-k routing weights of each architecture (it fixes this per
 architecture; the GGUF carries no such key for these)."""
 
@@ -168,6 +185,11 @@ def _check_extents(file: Path, size: int, start: int, fields: list[Any]) -> None
 def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
     """``(GGUF architecture, config.json-style dict)`` from the metadata."""
     arch = str(model.meta("general.architecture"))
+    if arch in NOT_READ:
+        raise ModelLoadError(
+            f"{model.path}: GGUF architecture {arch!r} ({NOT_READ[arch]}) is not read from GGUF yet; "
+            f"run its Hugging Face folder instead (supported GGUF: {', '.join(MODEL_TYPES)})"
+        )
     if arch not in MODEL_TYPES:
         raise ModelLoadError(
             f"{model.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
@@ -181,9 +203,10 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         raise ModelLoadError(f"{model.path}: {arch} without {arch}.expert_count is a dense model, not MoE")
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     vocab = model.shape("token_embd.weight")[0] if "token_embd.weight" in model.tensors else 0
+    blocks = int(key("block_count")) - int(key("nextn_predict_layers", 0))  # MTP layers: not run
     raw: dict[str, Any] = {
         "model_type": MODEL_TYPES[arch],
-        "num_hidden_layers": int(key("block_count")),
+        "num_hidden_layers": blocks,
         "num_experts": experts,
         "num_experts_per_tok": int(key("expert_used_count")),
         "hidden_size": hidden,
@@ -200,7 +223,9 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         "norm_topk_prob": NORM_TOPK[arch],
     }
     scaling = key("rope.scaling.type", "none")
-    if scaling == "linear":
+    if arch == gguf_gpt_oss.ARCH:
+        raw.update(gguf_gpt_oss.raw_config(key))  # YaRN included
+    elif scaling == "linear":
         raw["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
     elif scaling != "none":
         raise ModelLoadError(f"{model.path}: RoPE scaling {scaling!r} is not supported (only linear)")
@@ -211,6 +236,8 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         raw["qkv_bias"] = "blk.0.attn_q.bias" in model.tensors
     if arch in ("qwen3moe", "olmoe"):
         raw["attention_bias"] = "blk.0.attn_q.bias" in model.tensors
+    if arch == gguf_qwen35.ARCH:
+        raw.update(gguf_qwen35.raw_config(key, blocks))
     experts_0 = [model.tensors.get(f"blk.0.{short}.weight") for short, _ in EXPERT_TENSORS]
     if all(found is not None for found in experts_0):
         tensors = [found[1] for found in experts_0 if found is not None]
@@ -219,37 +246,31 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
     return arch, raw
 
 
-def gguf_names(config: MoEConfig) -> dict[str, str]:
-    """Canonical resident weight name -> its GGUF tensor name (``convert_hf_to_gguf.py``'s)."""
-    names = {"embed": "token_embd.weight", "norm": "output_norm.weight", "lm_head": "output.weight"}
-    per = {
-        "input_norm": "attn_norm", "post_norm": "ffn_norm", "router": "ffn_gate_inp",
-        "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-        "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "shared_gate": "ffn_gate_shexp",
-        "shared_up": "ffn_up_shexp", "shared_down": "ffn_down_shexp",
-        "shared_expert_gate": "ffn_gate_inp_shexp",
-    }  # fmt: skip
-    for layer in range(config.num_layers):
-        for key, name in per.items():
-            names[f"{layer}.{key}"] = f"blk.{layer}.{name}.weight"
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            names[f"{layer}.{proj}.bias"] = f"blk.{layer}.{per[proj]}.bias"
-    return names
+def gguf_names(arch: type[MoEModel], config: MoEConfig, model_type: str) -> dict[str, tuple[str, str]]:
+    """Canonical resident weight name -> ``(HF name, GGUF name)``: the description's checkpoint name,
+    named as ``runahead convert`` and llama.cpp's converter name it (``gguf``'s ``TensorNameMap``)."""
+    naming = {"model_type": model_type, "num_hidden_layers": config.num_layers}
+    return {key: (hf[0], gguf_name(hf[0], naming)) for key, hf in arch.weight_names(config).items()}
 
 
 EXPERT_TENSORS = (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down"))
 """A layer's stacked expert tensors (``blk.N.<name>.weight``) and the slot role of each."""
 
 
-def expert_layout(model: GGUFModel, config: MoEConfig) -> ExpertLayout:
-    """Each expert's bytes in each stacked tensor at their absolute offsets, as stored (a stored layout)."""
+def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> ExpertLayout:
+    """Each expert's bytes in each stacked tensor at their absolute offsets, as stored (a stored layout).
+
+    ``biases`` (gpt-oss): the stacked ``ffn_{gate,up,down}_exps.bias`` too, as the slot's last parts.
+    """
     h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
-    shapes = {"gate": (n, i, h), "up": (n, i, h), "down": (n, h, i)}
+    tensors = [(f"{short}.weight", role) for short, role in EXPERT_TENSORS]
+    if biases:
+        tensors += [(f"{short}.bias", f"{role}_bias") for short, role in EXPERT_TENSORS]
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
     for layer in range(config.num_layers):
         found = []
-        for short, role in EXPERT_TENSORS:
-            name = f"blk.{layer}.{short}.weight"
+        for short, role in tensors:
+            name = f"blk.{layer}.{short}"
             if name not in model.tensors:
                 raise ModelLoadError(f"{model.path}: missing tensor {name}")
             file, tensor = model.tensors[name]
@@ -259,23 +280,18 @@ def expert_layout(model: GGUFModel, config: MoEConfig) -> ExpertLayout:
                     f"{file}: tensor {name} has type {kind}; experts must be one of "
                     f"{', '.join(STORED_TYPES)} (requantize the file, e.g. llama-quantize ... Q4_0)"
                 )
-            if model.shape(name) != shapes[role]:
+            shape = role_shape(role, h, i)
+            if model.shape(name) != (n, *shape):
                 raise ModelLoadError(
-                    f"{file}: tensor {name}: expected shape {list(shapes[role])}, "
-                    f"found {list(model.shape(name))}"
+                    f"{file}: tensor {name}: expected shape {[n, *shape]}, found {list(model.shape(name))}"
                 )
-            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, role))
+            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, shape, role))
         for e in range(n):
             ranges[layer, e] = tuple(
-                TensorRange(path, offset + e * per, per, kind, (i, h) if role != "down" else (h, i), role)
-                for path, offset, per, kind, role in found
+                TensorRange(path, offset + e * per, per, kind, shape, role)
+                for path, offset, per, kind, shape, role in found
             )
     return ExpertLayout(config.num_layers, n, h, i, ranges, stored=True)
-
-
-def _unpermute(w: np.ndarray[Any, Any], heads: int) -> np.ndarray[Any, Any]:
-    """Undo ``convert_hf_to_gguf.py``'s q/k row permutation for llama's interleaved RoPE."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def load_gguf(
@@ -290,22 +306,26 @@ def load_gguf(
     arch_name, raw = read_config(model)
     arch: type[MoEModel] = get_architecture(raw["model_type"])
     config = arch.parse_config(raw)
-    names = gguf_names(config)
+    names = gguf_names(arch, config, raw["model_type"])
     weights: dict[str, torch.Tensor] = {}
     for key, shape in arch.weight_shapes(config).items():
-        values = model.dequantized(names[key])
+        hf, name = names[key]
+        values = model.dequantized(name)
         if values.size != int(np.prod(shape)):
             raise ModelLoadError(
-                f"{model.path}: tensor {names[key]}: expected shape {list(shape)}, found {list(values.shape)}"
+                f"{model.path}: tensor {name}: expected shape {list(shape)}, found {list(values.shape)}"
             )
+        if arch_name == gguf_qwen35.ARCH:
+            values = gguf_qwen35.from_gguf(hf, values, raw, shape)
         values = values.reshape(shape)
-        if arch_name == "llama" and key.endswith(("q_proj", "k_proj")):
-            heads = config.num_attention_heads if key.endswith("q_proj") else config.num_kv_heads
-            values = _unpermute(values, heads)
+        if heads := q_k_permutation(name, raw):  # undo the converter's llama q/k permutation
+            values = (
+                values.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+            )
         weights[key] = torch.from_numpy(np.array(values, dtype=np.float32)).to(
             device=device, dtype=dtype, copy=True
         )
-    layout = expert_layout(model, config)
+    layout = expert_layout(model, config, biases=arch_name == gguf_gpt_oss.ARCH)
     built = arch(config, weights)
     built.slot_formats = {layer: layout.slot_format(layer) for layer in range(config.num_layers)}
     return built, layout

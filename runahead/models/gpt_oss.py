@@ -13,8 +13,8 @@ The router has a bias; it takes the top-k *logits* and softmaxes over just those
 stored (``gate_up_t``, ``down_t`` and both biases; see :mod:`runahead.models.layout`).
 
 Checkpoints: the hub publishes experts in MXFP4 (``*_blocks`` / ``*_scales``); those are refused
-with an error naming the tensor until quantized experts land. Dequantized (bf16 / f32) stacked
-``mlp.experts.gate_up_proj`` etc., as transformers saves them, load.
+with an error naming the tensor (a GGUF of them runs, experts kept in MXFP4: :mod:`.gguf`).
+Dequantized (bf16 / f32) stacked ``mlp.experts.gate_up_proj`` etc., as transformers saves them, load.
 """
 
 from __future__ import annotations
@@ -150,15 +150,27 @@ class GptOssModel(GptOssDescription, MoEModel):
         return ids, torch.softmax(top, dim=-1)
 
     def run_expert(self, slot: Tensor, x: Tensor) -> Tensor:
-        """The clamped-SwiGLU expert as stored: ``x @ gate_up + b``, gate and up interleaved, then down."""
+        """The clamped-SwiGLU expert as stored: ``x @ gate_up + b``, gate and up interleaved, then down.
+
+        From a GGUF (``slot_formats`` set) the slot holds llama.cpp's split form instead: ``gate [I, H]``,
+        ``up [I, H]``, ``down [H, I]``, then the gate, up and down biases.
+        """
         c = self.config
         h, i = c.hidden_size, c.intermediate_size
         block = h * i
-        gate_up = x @ slot[: 2 * block].view(h, 2 * i) + slot[3 * block : 3 * block + 2 * i]
-        gate = gate_up[..., ::2].clamp(max=c.swiglu_limit)
-        up = gate_up[..., 1::2].clamp(-c.swiglu_limit, c.swiglu_limit)
+        if self.slot_formats is not None:
+            biases = slot[3 * block :]
+            gate = x @ slot[:block].view(i, h).T + biases[:i]
+            up = x @ slot[block : 2 * block].view(i, h).T + biases[i : 2 * i]
+            down, down_bias = slot[2 * block : 3 * block].view(h, i).T, biases[2 * i :]
+        else:
+            gate_up = x @ slot[: 2 * block].view(h, 2 * i) + slot[3 * block : 3 * block + 2 * i]
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            down, down_bias = slot[2 * block : 3 * block].view(i, h), slot[3 * block + 2 * i :]
+        gate = gate.clamp(max=c.swiglu_limit)
+        up = up.clamp(-c.swiglu_limit, c.swiglu_limit)
         glu = (up + 1) * (gate * torch.sigmoid(gate * c.swiglu_alpha))
-        return glu @ slot[2 * block : 3 * block].view(i, h) + slot[3 * block + 2 * i :]
+        return glu @ down + down_bias
 
 
 def _yarn(c: GptOssConfig, device: torch.device) -> tuple[Tensor, float]:

@@ -14,7 +14,7 @@ gpt-oss stores its experts the other way round and with biases; its slots hold t
 ``gate_up_bias [2I]`` and ``down_bias [H]``. The model reading a slot knows which form it holds.
 
 Stored slots (GGUF): a layout whose ``stored`` is set keeps each expert *as its file stores it*
-(Q4_0, Q8_0, F16, BF16, F32): the slot is a byte buffer, and a :class:`SlotFormat` per layer says
+(Q4_0, Q8_0, MXFP4, F16, BF16, F32): the slot is a byte buffer, and a :class:`SlotFormat` per layer says
 where each of ``gate``, ``up``, ``down`` lies in it and in which type. The compute dequantizes a
 stored slot when it uses it (:mod:`runahead.models.quant` on torch); the format is plain data, so
 another backend (MLX: Q4_0 is affine 4-bit, group 32, scale ``d``, bias ``-8d``) reads the same
@@ -26,12 +26,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-ROLES = ("gate", "up", "down", "gate_up", "gate_up_t", "down_t", "gate_up_bias", "down_bias")
+ROLES = (
+    "gate", "up", "down", "gate_up", "gate_up_t", "down_t",
+    "gate_up_bias", "down_bias", "gate_bias", "up_bias",
+)  # fmt: skip
 
 ROLE_SETS = (
     ("down", "gate", "up"),
     ("down", "gate_up"),
     ("down_bias", "down_t", "gate_up_bias", "gate_up_t"),
+    ("down", "down_bias", "gate", "gate_bias", "up", "up_bias"),  # gpt-oss from GGUF
 )
 """The sets of roles (sorted) one expert's ranges may have."""
 
@@ -47,6 +51,8 @@ def role_shape(role: str, hidden: int, inter: int) -> tuple[int, ...]:
         "down_t": (inter, hidden),
         "gate_up_bias": (2 * inter,),
         "down_bias": (hidden,),
+        "gate_bias": (inter,),
+        "up_bias": (inter,),
     }[role]
 
 
@@ -56,13 +62,19 @@ STORED_TYPES: dict[str, tuple[int, int]] = {
     "BF16": (1, 2),
     "Q8_0": (32, 34),
     "Q4_0": (32, 18),
+    "MXFP4": (32, 17),
 }
 """Types a stored slot may hold: name -> (weights per block, bytes per block), as ggml defines them.
 
 Q8_0: an fp16 scale ``d`` then 32 int8 ``q``, weight ``d * q``. Q4_0: ``d`` then 16 bytes of nibbles,
 weight ``j`` the low nibble of byte ``j`` and weight ``j + 16`` its high nibble, ``d * (q - 8)``.
-Blocks run along a matrix row (the ``H`` of ``gate [I, H]``, the ``I`` of ``down [H, I]``).
+MXFP4 (gpt-oss): an E8M0 exponent byte ``e`` then 16 bytes of FP4 (E2M1) nibbles in Q4_0's order,
+weight ``2**(e - 128) * v`` for ``v`` the nibble's doubled E2M1 value (``0, 1, 2, 3, 4, 6, 8, 12``, sign
+in the top bit). Blocks run along a matrix row (the ``H`` of ``gate [I, H]``, the ``I`` of ``down [H, I]``).
 """
+
+SLOT_ORDER = ("gate", "up", "down", "gate_bias", "up_bias", "down_bias")
+"""The order of a stored slot's parts (the biases only for gpt-oss)."""
 
 
 def stored_nbytes(kind: str, shape: tuple[int, ...]) -> int:
@@ -91,7 +103,8 @@ class SlotPart:
 
 @dataclass(frozen=True, slots=True)
 class SlotFormat:
-    """How a stored slot holds one expert: ``gate``, ``up``, ``down`` back to back, each as stored.
+    """How a stored slot holds one expert: ``gate``, ``up``, ``down`` back to back, each as stored
+    (gpt-oss: then its ``gate_bias``, ``up_bias``, ``down_bias``).
 
     Every expert of one layer has the same format; layers may differ. ``nbytes`` is the payload.
     """
@@ -110,10 +123,10 @@ class SlotFormat:
 
     @classmethod
     def of(cls, ranges: tuple[TensorRange, ...], hidden: int, inter: int) -> SlotFormat:
-        """The format of an expert with these ranges (roles ``gate``, ``up``, ``down``)."""
+        """The format of an expert with these ranges (roles of :data:`SLOT_ORDER`)."""
         by_role = {r.role: r for r in ranges}
         parts, at = [], 0
-        for role in ("gate", "up", "down"):
+        for role in (r for r in SLOT_ORDER if r in by_role):
             kind = by_role[role].dtype
             shape = role_shape(role, hidden, inter)
             size = stored_nbytes(kind, shape)

@@ -1,4 +1,4 @@
-"""Dequantize a stored cache slot (GGUF Q4_0 / Q8_0 / F16 / BF16 / F32 experts) on its device.
+"""Dequantize a stored cache slot (GGUF Q4_0 / Q8_0 / MXFP4 / F16 / BF16 / F32 experts) on its device.
 
 The torch side of the stored slot format of :mod:`runahead.models.layout`: the cache keeps each
 expert as its file stores it, and the MoE turns a slot into the compute dtype only while a group
@@ -18,6 +18,8 @@ from torch import Tensor
 from runahead.models.layout import SlotFormat
 
 FLOAT_KINDS: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
+"""E2M1 values, doubled (ggml's ``kvalues_mxfp4``; the scale is halved to match)."""
 
 
 def dequantize(data: Tensor, kind: str, shape: tuple[int, ...], out: Tensor | None = None) -> Tensor:
@@ -44,11 +46,24 @@ def dequantize(data: Tensor, kind: str, shape: tuple[int, ...], out: Tensor | No
         halves[:, 0].copy_(nibbles & 0x0F)
         halves[:, 1].copy_(nibbles >> 4)
         return halves.sub_(8).mul_(scale.unsqueeze(-1)).view(shape)
+    if kind == "MXFP4":
+        blocks = data.view(-1, 17)
+        e = blocks[:, 0].to(torch.int32)
+        # ggml's e8m0_to_fp32_half: 2**(e - 128) (subnormal below e = 2), as float32 bits
+        bits = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e), (e - 1) << 23)
+        scale = bits.view(torch.float32)
+        nibbles = blocks[:, 1:]
+        halves = out.view(-1, 2, 16)
+        table = MXFP4_VALUES.to(data.device)
+        halves[:, 0].copy_(table[(nibbles & 0x0F).long()])
+        halves[:, 1].copy_(table[(nibbles >> 4).long()])
+        return halves.mul_(scale.view(-1, 1, 1)).view(shape)
     raise ValueError(f"cannot dequantize type {kind}")
 
 
 def dequantize_slot(slot: Tensor, fmt: SlotFormat, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
-    """A stored slot as the compute-dtype slot format: flat ``gate | up | down`` in ``dtype``.
+    """A stored slot as the compute-dtype slot format: flat ``gate | up | down`` in ``dtype`` (then
+    gpt-oss's ``gate_bias | up_bias | down_bias``).
 
     ``out``: a float32 buffer (on the slot's device) of at least the expert's weights to dequantize
     into; a fresh one when None.

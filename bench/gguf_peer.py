@@ -1,0 +1,153 @@
+"""llama.cpp as the peer on the same GGUF files (not CI: needs llama-cpp-python, FACTS.md's wheel).
+
+``tiny``: tiny random models of each architecture, converted by ``runahead convert`` at F32, Q8_0
+and Q4_0; 8 prompts, 32 greedy tokens each, from runahead (torch backend, 8 requests at once, a
+cache of 8 slots) and from llama.cpp (``llama_cpp.Llama``, 2 threads) on the same file: how many
+tokens agree before the first difference, and the largest logit difference on the prompt's last
+position (before any token differs).
+
+``medium FILE``: single-request greedy decode on one GGUF (e.g. the medium model converted at
+Q4_0): llama.cpp (2 threads, the whole file mapped) against runahead's torch backend (every expert
+resident, and with 30% of them cached, experts read from the file with O_DIRECT), tokens/s.
+
+    PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
+    PYTHONPATH=$PWD python bench/gguf_peer.py medium FILE --out bench/results/gguf-peer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+THREADS = 2  # as runahead's torch (2 intra-op threads on this machine)
+
+
+def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[int], np.ndarray[Any, Any]]:
+    """llama.cpp's greedy tokens after ``prompt`` and its logits at the prompt's last position."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=256,
+        n_threads=THREADS,
+        n_threads_batch=THREADS,
+        logits_all=True,
+        verbose=False,
+    )
+    llm.eval(prompt)
+    first = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    out: list[int] = []
+    for _ in range(tokens):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return out, first
+
+
+def tiny(out: Path) -> list[dict[str, Any]]:
+    import shutil
+
+    from ggufhelpers import OVERRIDES
+    from test_torch_backend import PROMPTS, TOKENS, run
+
+    from runahead.models.gguf_convert import convert
+    from runahead.tokenizer import save_tokenizer
+
+    from modelhelpers import build_tiny_model
+
+    rows = []
+    for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe"):
+        folder = out / "tiny" / arch
+        shutil.rmtree(folder, ignore_errors=True)
+        same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
+        hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
+        for stale in ("tokenizer.json", "tokenizer_config.json"):
+            (hf / stale).unlink(missing_ok=True)
+        save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
+        for kind in ("F32", "Q8_0", "Q4_0"):
+            path = convert(hf, folder / f"{kind}.gguf", kind)[0]
+            ours, logits, _ = run(path, "runahead", requests=len(PROMPTS), slots=8, barrier=False)
+            agree, first_diff = [], []
+            for index, prompt in enumerate(PROMPTS):
+                theirs, first = llama_cpp_greedy(path, prompt, TOKENS)
+                same = next(
+                    (k for k, (a, b) in enumerate(zip(ours[index], theirs, strict=True)) if a != b), TOKENS
+                )
+                agree.append(same)
+                first_diff.append(float(np.abs(logits[index][0].numpy() - first).max()))
+            row = {
+                "arch": arch,
+                "type": kind,
+                "requests": len(PROMPTS),
+                "tokens": TOKENS,
+                "agree_before_first_difference": agree,
+                "identical_requests": sum(a == TOKENS for a in agree),
+                "max_logit_diff_first_position": max(first_diff),
+            }
+            print(json.dumps(row))
+            rows.append(row)
+    return rows
+
+
+def medium(path: Path, steps: int) -> list[dict[str, Any]]:
+    from runahead.torchbench import TorchPoint, run_torch_point
+
+    prompt = [11, 42, 7, 99]
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=256, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
+    )
+    llm.eval(prompt)
+    for _ in range(4):  # warm up
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    start = time.perf_counter()
+    for _ in range(steps):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    rows = [
+        {
+            "system": f"llama.cpp ({THREADS} threads, file mapped)",
+            "tokens_per_s": steps / (time.perf_counter() - start),
+        }
+    ]
+    del llm
+    for fraction, store, preload in ((1.0, "host", True), (0.3, "disk", False)):
+        point = TorchPoint(
+            str(path), "runahead", 1, fraction, steps, store=store, warmup_steps=4, preload=preload
+        )
+        result = run_torch_point(point)
+        rows.append(
+            {
+                "system": f"runahead torch, {int(fraction * 100)}% of experts cached, {store} store",
+                "tokens_per_s": result["tokens_per_s"],
+                "fetches_per_step": result["fetches_per_step"],
+            }
+        )
+    for row in rows:
+        row["file"] = str(path)
+        row["vs_llama_cpp"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+        print(json.dumps(row))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["tiny", "medium"])
+    parser.add_argument("file", nargs="?", type=Path, help="medium: the GGUF file")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=32, help="medium: decode steps timed")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = tiny(args.out) if args.what == "tiny" else medium(args.file, args.steps)
+    with (args.out / f"{args.what}.jsonl").open("w") as sink:
+        sink.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+if __name__ == "__main__":
+    main()
