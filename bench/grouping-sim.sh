@@ -8,11 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 for profile in thor mac-mini; do
   for model in qwen3.6-35b-a3b gemma4-26b-a4b; do
-    for point in 0.3:256 0.1:128 0.7:128; do
-      cache=${point%:*} steps=${point#*:}
-      runahead bench --backend sim --model "$model" --profile "$profile" --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
-        --concurrency 2,4,8,16 --cache-fraction "$cache" --steps "$steps" --workload chat --seed 0 \
-        --quiet --out "bench/results/grouping-sim-$profile-$model-$cache"
-    done
+    runahead bench --backend sim --model "$model" --profile "$profile" \
+      --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
+      --concurrency 2,4,8,16 --cache-fraction 0.3 --steps 256 --workload chat --seed 0 \
+      --quiet --out "bench/results/grouping-sim-$profile-$model-0.3"
+    runahead bench --backend sim --model "$model" --profile "$profile" \
+      --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
+      --concurrency 2,4,8,16 --cache-fraction 0.1 --steps 128 --workload chat --seed 0 \
+      --quiet --out "bench/results/grouping-sim-$profile-$model-0.1"
+    runahead bench --backend sim --model "$model" --profile "$profile" \
+      --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
+      --concurrency 2,4,8,16 --cache-fraction 0.7 --steps 128 --workload chat --seed 0 \
+      --quiet --out "bench/results/grouping-sim-$profile-$model-0.7"
   done
 done
