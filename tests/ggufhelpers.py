@@ -173,3 +173,17 @@ def transformers_gguf(gguf_path: Path, hf: Path) -> Any:
         dtype=torch.float32,
         attn_implementation="eager",
     )
+
+
+def reference_model(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
+    """transformers on the GGUF's dequantized weights: its own GGUF loader for qwen3moe, else the
+    float32 folder of :func:`dequantized_folder` (written under ``folder``)."""
+    from transformers import AutoModelForCausalLM
+
+    if GGUF_ARCH[arch] == "qwen3moe":
+        return transformers_gguf(gguf_path, hf).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        dequantized_folder(gguf_path, hf, folder / "dequantized"),
+        dtype=torch.float32,
+        attn_implementation="eager",
+    ).eval()

@@ -23,8 +23,8 @@ from ggufhelpers import (
     GGUF_ARCH,
     build_tiny_gguf,
     dequantized_folder,
+    reference_model,
     retyped,
-    transformers_gguf,
     write_gguf,
 )
 from test_torch_backend import PROMPTS, TOKENS, run
@@ -48,15 +48,7 @@ POLICY_CASES = [(case, policy) for case in CASES for policy in POLICIES]
 
 def _reference(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
     """transformers on the GGUF's dequantized weights (its own GGUF loader where it has one)."""
-    from transformers import AutoModelForCausalLM
-
-    if GGUF_ARCH[arch] == "qwen3moe":
-        return transformers_gguf(gguf_path, hf).eval()
-    return AutoModelForCausalLM.from_pretrained(
-        dequantized_folder(gguf_path, hf, folder / "dequantized"),
-        dtype=torch.float32,
-        attn_implementation="eager",
-    ).eval()
+    return reference_model(arch, gguf_path, hf, folder)
 
 
 def _checked_run(arch: str, kind: str, folder: Path) -> dict[str, Any]:

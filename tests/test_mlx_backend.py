@@ -85,9 +85,8 @@ def test_host_store_and_whole_prompts(folders: dict[str, Any]) -> None:
     assert backend.pools.installs > SLOTS
 
 
+@pytest.mark.parametrize("folders", ["qwen3_moe"], indirect=True)  # one is enough
 def test_cancellation_through_the_engine_leaves_the_others_exact(folders: dict[str, Any]) -> None:
-    if folders["arch"] != "qwen3_moe":
-        pytest.skip("one architecture is enough for the engine path")
     expected = folders["expected"]["q4"]
 
     async def main() -> tuple[list[list[int]], list[int]]:
@@ -118,11 +117,10 @@ def test_cancellation_through_the_engine_leaves_the_others_exact(folders: dict[s
     assert cut == expected[3][:2]
 
 
+@pytest.mark.parametrize("folders", ["qwen3_moe"], indirect=True)  # one is enough
 def test_a_quantization_entry_that_does_not_match_its_tensors_is_refused(
     folders: dict[str, Any], tmp_path: Path
 ) -> None:
-    if folders["arch"] != "qwen3_moe":
-        pytest.skip("one architecture is enough")
     import shutil
 
     bad = tmp_path / "bad"
@@ -139,11 +137,10 @@ def test_a_quantization_entry_that_does_not_match_its_tensors_is_refused(
         MLXBackend.open(str(bad), cache_slots=SLOTS)
 
 
+@pytest.mark.parametrize("folders", ["qwen3_moe"], indirect=True)  # one is enough
 def test_logprobs_and_seeded_sampling_equal_the_torch_backends(folders: dict[str, Any]) -> None:
     """Log-probs (of sampled and prompt tokens, with their top ones) and seeded sampling through the
     engine: the same as the torch backend's on the same float32 folder."""
-    if folders["arch"] != "qwen3_moe":
-        pytest.skip("one architecture is enough")
 
     async def collect(backend: str) -> tuple[list[Any], list[int]]:
         async with await Engine.open(

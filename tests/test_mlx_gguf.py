@@ -1,15 +1,15 @@
 """GGUF files on the mlx backend: Q4_0 / Q8_0 experts repacked exactly as MLX affine quantization.
 
 The experts stay quantized from the file to ``mx.gather_qmm`` (4 / 8 bits, group 32, scale ``d``,
-bias ``-8d`` / ``-128d``). The judge is transformers on the GGUF's *dequantized* weights (as in
-``tests/test_gguf.py``): greedy tokens equal its argmax at every step, logits within 1e-4, with 4
+bias ``-8d`` / ``-128d``). The judge is transformers on the GGUF's *dequantized* weights
+(``ggufhelpers.reference_model``, as in ``tests/test_gguf.py``): greedy tokens equal its argmax
+at every step, logits within 1e-4, with 4
 requests at once, 8 cache slots for 24 experts and prompts in chunks of 2. Skipped without MLX.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("mlx.core")
 
 import mlx.core as mx
-from ggufhelpers import GGUF_ARCH, build_tiny_gguf, dequantized_folder, transformers_gguf
+from ggufhelpers import GGUF_ARCH, build_tiny_gguf, reference_model
 
 from runahead.backends.mlx import MLXBackend
 from runahead.models.mlx.ggufq import repack
@@ -28,7 +28,9 @@ from mlxhelpers import run_requests
 TOKENS = 8
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
 SLOTS = 8
-CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in GGUF_ARCH]
+MLX_GGUF = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
+"""The GGUF architectures the mlx backend runs (the others are refused by name: a test below)."""
+CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in MLX_GGUF]
 
 
 def run(path: Path, policy: str) -> tuple[dict[int, list[int]], dict[int, list[np.ndarray]], MLXBackend]:
@@ -39,22 +41,12 @@ def run(path: Path, policy: str) -> tuple[dict[int, list[int]], dict[int, list[n
     return tokens, logits, backend
 
 
-def _reference(arch: str, path: Path, hf: Path, folder: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    if GGUF_ARCH[arch] in ("qwen3moe", "qwen2moe"):
-        return transformers_gguf(path, hf).eval()
-    return AutoModelForCausalLM.from_pretrained(
-        dequantized_folder(path, hf, folder / "dequantized"), dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-
-
 @pytest.mark.parametrize(("arch", "kind"), CASES)
 def test_greedy_tokens_and_logits_equal_the_dequantized_reference(
     arch: str, kind: str, tmp_path: Path
 ) -> None:
     path, hf = build_tiny_gguf(arch, tmp_path, kind)
-    reference = _reference(arch, path, hf, tmp_path)
+    reference = reference_model(arch, path, hf, tmp_path)
     tokens, logits, backend = run(path, "runahead")
     assert all(f.quant is not None and f.quant.group_size == 32 for f in backend.checkpoint.formats.values())
     with torch.no_grad():
@@ -79,3 +71,12 @@ def test_repacked_blocks_dequantize_to_the_gguf_packages_values(kind: str) -> No
     bits = 4 if kind == "Q4_0" else 8
     got = mx.dequantize(mx.array(packed), mx.array(scales), mx.array(biases), group_size=32, bits=bits)
     assert np.array_equal(np.array(got), expected)
+
+
+@pytest.mark.parametrize("arch", sorted(set(GGUF_ARCH) - set(MLX_GGUF)))
+def test_other_gguf_architectures_are_refused_by_name(arch: str, tmp_path: Path) -> None:
+    from runahead.models.description import ModelLoadError
+
+    path, _ = build_tiny_gguf(arch, tmp_path, "Q8_0")
+    with pytest.raises(ModelLoadError, match=f"GGUF {arch} .*mlx backend"):
+        MLXBackend.open(str(path), cache_slots=SLOTS, device="cpu")

@@ -3,7 +3,8 @@
 A group is one batch of rows, one per token of each job, in job order (:func:`row_spans`); a job's
 tokens are the next prompt chunk or the last sampled token (:func:`input_tokens`). A request is
 checked once at admission (:func:`admit`), and what its sampling asked to score is handed over as
-each token is delivered (:func:`take_logprobs`).
+each token is delivered (:func:`take_logprobs`). :class:`SlotOwners` keeps which expert each cache
+slot holds.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from runahead.jobs import Job, RequestSpec
+from runahead.jobs import ExpertKey, Job, RequestSpec
 from runahead.sampling import SamplingParams, StepLogprobs, TokenLogprob
 
 
@@ -70,3 +71,36 @@ def row_spans(jobs: Sequence[Job]) -> list[tuple[int, int]]:
 def distinct_experts(rows: Iterable[Iterable[int]]) -> tuple[int, ...]:
     """The distinct experts in rows of routing, ascending."""
     return tuple(sorted({int(e) for row in rows for e in row}))
+
+
+class SlotOwners:
+    """Which expert each cache slot holds, as the backend's fetches filled them.
+
+    :meth:`claim` when a fetch into a slot starts (the slot's previous expert is no longer there),
+    :meth:`filled` when its bytes landed; :meth:`slot` finds a resident expert's slot for a compute
+    and refuses one the runtime did not make resident (a broken promise, not a user error).
+    """
+
+    def __init__(self) -> None:
+        self.owner: dict[int, ExpertKey] = {}
+        self.slot_of: dict[ExpertKey, int] = {}
+
+    def claim(self, key: ExpertKey, slot: int) -> None:
+        """A fetch of ``key`` into ``slot`` starts: whatever the slot held is gone."""
+        previous = self.owner.get(slot)
+        if previous is not None:
+            self.slot_of.pop(previous, None)
+        self.owner[slot] = key
+
+    def filled(self, key: ExpertKey, slot: int) -> None:
+        """``key``'s bytes are in ``slot``."""
+        self.slot_of[key] = slot
+
+    def slot(self, key: ExpertKey) -> int:
+        """The slot holding ``key``; ``RuntimeError`` if none does."""
+        slot = self.slot_of.get(key)
+        if slot is None or self.owner.get(slot) != key:
+            raise RuntimeError(
+                f"{key} is not resident in any cache slot; the runtime must pin it before compute"
+            )
+        return slot

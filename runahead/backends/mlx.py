@@ -28,7 +28,14 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from runahead.backends.common import admit, distinct_experts, input_tokens, row_spans, take_logprobs
+from runahead.backends.common import (
+    SlotOwners,
+    admit,
+    distinct_experts,
+    input_tokens,
+    row_spans,
+    take_logprobs,
+)
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
 from runahead.models.mlx.base import MLXModel, RequestStateMLX
@@ -108,8 +115,7 @@ class MLXBackend:
         self.num_layers: int = config.num_layers
         self.experts_per_job: int = config.top_k
         self._requests: dict[int, _RequestState] = {}
-        self._slot_owner: dict[int, ExpertKey] = {}
-        self._slot_of: dict[ExpertKey, int] = {}
+        self._owners = SlotOwners()
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-mlx-compute")
 
     @classmethod
@@ -188,16 +194,13 @@ class MLXBackend:
     # -- the link ----------------------------------------------------------------------------------
 
     async def fetch(self, key: ExpertKey, slot: int) -> None:
-        previous = self._slot_owner.get(slot)
-        if previous is not None:
-            self._slot_of.pop(previous, None)
-        self._slot_owner[slot] = key
+        self._owners.claim(key, slot)
         if self.host_experts is not None:
             tensors = self.host_experts[key.layer, key.expert]
         else:
             tensors = await self.store.read(key.layer, key.expert)
         self.pools.stage(slot, tensors)
-        self._slot_of[key] = slot
+        self._owners.filled(key, slot)
 
     # -- compute -----------------------------------------------------------------------------------
 
@@ -282,15 +285,8 @@ class MLXBackend:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Slot indices ``[T, k]`` of a job's routing; with a ``wave``, a 0/1 mask of its pairs (pairs
         outside it point at one of its slots and weigh 0)."""
-        lookup: dict[int, int] = {}
-        for e in np.unique(routing).tolist() if wave is None else sorted(wave):
-            slot = self._slot_of.get(ExpertKey(layer, int(e)))
-            if slot is None or self._slot_owner.get(slot) != ExpertKey(layer, int(e)):
-                raise RuntimeError(
-                    f"{ExpertKey(layer, int(e))} is not resident in any cache slot; "
-                    "the runtime must pin it before compute"
-                )
-            lookup[int(e)] = slot
+        experts = np.unique(routing).tolist() if wave is None else sorted(wave)
+        lookup = {int(e): self._owners.slot(ExpertKey(layer, int(e))) for e in experts}
         if wave is None:
             return np.vectorize(lookup.__getitem__, otypes=[np.uint32])(routing), None
         inside = np.isin(routing, list(wave))

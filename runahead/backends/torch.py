@@ -33,7 +33,14 @@ from typing import Any, Literal
 
 import torch
 
-from runahead.backends.common import admit, distinct_experts, input_tokens, row_spans, take_logprobs
+from runahead.backends.common import (
+    SlotOwners,
+    admit,
+    distinct_experts,
+    input_tokens,
+    row_spans,
+    take_logprobs,
+)
 from runahead.backends.dtypes import resolve_dtype
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
@@ -89,8 +96,7 @@ class TorchBackend:
         self.num_layers: int = config.num_layers
         self.experts_per_job: int = config.top_k
         self._requests: dict[int, _RequestState] = {}
-        self._slot_owner: dict[int, ExpertKey] = {}
-        self._slot_of: dict[ExpertKey, int] = {}
+        self._owners = SlotOwners()
         self._cuda = self.slots.device.type == "cuda"
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
@@ -171,16 +177,13 @@ class TorchBackend:
     # -- the link ----------------------------------------------------------------------------------
 
     async def fetch(self, key: ExpertKey, slot: int) -> None:
-        previous = self._slot_owner.get(slot)
-        if previous is not None:
-            self._slot_of.pop(previous, None)
-        self._slot_owner[slot] = key
+        self._owners.claim(key, slot)
         after = self._fences.pop(slot, None)  # kernels still reading the slot's previous expert
         if after is None:
             await self.store.read_into(key.layer, key.expert, self.slots.slot(slot))
         else:
             await self.store.read_into(key.layer, key.expert, self.slots.slot(slot), after=after)
-        self._slot_of[key] = slot
+        self._owners.filled(key, slot)
 
     # -- compute -----------------------------------------------------------------------------------
 
@@ -396,7 +399,7 @@ class TorchBackend:
         done.record()
         for job in group.jobs:
             for key in job.keys:
-                slot = self._slot_of.get(key)
+                slot = self._owners.slot_of.get(key)
                 if slot is not None:
                     self._fences[slot] = done
 
@@ -408,11 +411,7 @@ class TorchBackend:
         return tensor
 
     def _slot_tensor(self, key: ExpertKey) -> torch.Tensor:
-        slot = self._slot_of.get(key)
-        if slot is None or self._slot_owner.get(slot) != key:
-            raise RuntimeError(
-                f"{key} is not resident in any cache slot; the runtime must pin it before compute"
-            )
+        slot = self._owners.slot(key)
         tensor: torch.Tensor = self.slots.slot(slot)
         return tensor
 

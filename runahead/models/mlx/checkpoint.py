@@ -35,6 +35,9 @@ from runahead.models.description import ModelDescription, ModelLoadError, MoECon
 from runahead.models.layout import TensorRange, role_shape
 
 MATRICES = ("gate", "up", "down")
+
+GGUF_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
+"""Architectures the mlx backend runs from GGUF files (Q4_0 / Q8_0 / float experts)."""
 """The three matrices of a routed expert, in the order of their slot pools."""
 
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
@@ -339,6 +342,11 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
 
     model, layout = load_gguf(path)
     config = model.config
+    if config.model_type not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: GGUF {config.model_type} models do not run on the mlx backend yet (its GGUF "
+            f"architectures: {', '.join(GGUF_ARCHITECTURES)}); use --backend torch"
+        )
     weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in model.weights.items()}
     if config.tie_word_embeddings:
         weights.pop("lm_head", None)
