@@ -77,7 +77,11 @@ class TokenScorer(Protocol):
     def take_logprobs(self, request: int) -> StepLogprobs | None: ...
 
 
-BUILTIN_BACKENDS = {"sim": "runahead.backends.sim", "torch": "runahead.backends.torch"}
+BUILTIN_BACKENDS = {
+    "sim": "runahead.backends.sim",
+    "torch": "runahead.backends.torch",
+    "mlx": "runahead.backends.mlx",
+}
 ENTRY_POINT_GROUP = "runahead.backends"
 
 

@@ -35,7 +35,8 @@ from runahead.metrics import (
 from runahead.policy import check_concurrency
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.specs import ModelSpec, load_model_spec, load_profile
-from runahead.trace import RoutingTrace, default_trace
+from runahead.synthetic import default_trace
+from runahead.trace import RoutingTrace
 from runahead.workloads import AGENTIC, CHAT, RequestSample, sample_requests
 
 WORKLOADS = {"chat": int(CHAT.mean_prompt_tokens), "agentic": 24_000}

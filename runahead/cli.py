@@ -18,7 +18,12 @@ from typing import Any
 from runahead import cli_args as a
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA, float32 on CPU)."""
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA; on CPU the faster of
+float32 and bfloat16 at the model's shapes, timed once at start: :mod:`runahead.backends.dtypes`)."""
+
+DTYPE_HELP = (
+    "compute and cache dtype (auto: bfloat16 on CUDA; on CPU the faster of float32 and bfloat16, timed)"
+)
 
 MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE: 'small' or 'medium'"
 
@@ -62,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", type=a.integer(1), default=32, help="decode steps measured per request")
     demo.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
+    demo.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
+    demo.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
     demo.add_argument(
         "--repeats",
         type=a.integer(1),
@@ -99,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds a request may run before it is cancelled with 504 (default: no limit)",
     )
-    gen = command("generate", help="generate with a real model (torch backend)")
+    gen = command("generate", help="generate with a real model (torch or mlx backend)")
     gen.add_argument("model", help=MODEL_HELP)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
@@ -157,7 +164,10 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--workers", type=a.integer(1), default=2, help="paper: parallel worker processes")
     bench.add_argument("--no-resume", action="store_true", help="paper: recompute points already in --out")
     bench.add_argument(
-        "--backend", default="sim", choices=["sim", "torch"], help="virtual time, or a real model"
+        "--backend",
+        default="sim",
+        choices=["sim", "torch", "mlx"],
+        help="virtual time, or a real model (torch, or MLX: Apple silicon / MLX's CPU build)",
     )
     bench.add_argument(
         "--model",
@@ -169,7 +179,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "--store", default="disk", choices=["disk", "host"], help="torch: where experts are read from"
     )
     bench.add_argument("--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N")
-    bench.add_argument("--dtype", default="float32", choices=DTYPES, help="torch: compute and cache dtype")
+    bench.add_argument("--dtype", default="auto", choices=DTYPES, help="torch: " + DTYPE_HELP)
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -225,13 +235,15 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="torch", choices=["torch"], help="the compute backend")
-    parser.add_argument("--device", type=a.device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
+    parser.add_argument(
+        "--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N; mlx: cpu, gpu or auto"
+    )
     parser.add_argument(
         "--dtype",
         default="auto",
         choices=DTYPES,
-        help="compute and cache dtype (auto: bfloat16 on CUDA, else float32)",
+        help=DTYPE_HELP,
     )
     parser.add_argument("--policy", type=a.policy, default="runahead", help="scheduling policy spec")
     parser.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
@@ -279,6 +291,7 @@ def run_generate(args: argparse.Namespace) -> int:
         on_text=(lambda text: print(text, end="", flush=True)) if streaming else None,
         timeline=args.timeline,
         batch_invariant=args.batch_invariant,
+        backend=args.backend,
     )
     if streaming:
         print()
@@ -362,7 +375,15 @@ def run_demo(args: argparse.Namespace) -> int:
     from runahead.bench import format_table
     from runahead.demo import run_pairs
 
-    rows, ratios = run_pairs(args.concurrency, args.tokens, args.cache_fraction, args.store, args.repeats)
+    rows, ratios = run_pairs(
+        args.concurrency,
+        args.tokens,
+        args.cache_fraction,
+        args.store,
+        args.repeats,
+        backend=args.backend,
+        dtype=args.dtype,
+    )
     print(format_table(rows[-2:]))
     same = len({row["token_digest"] for row in rows}) == 1
     low, median, high = min(ratios), statistics.median(ratios), max(ratios)
@@ -381,9 +402,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     if args.what == "paper":
         return run_paper_command(args)
-    if args.backend == "torch":
+    if args.backend in ("torch", "mlx"):
         if args.trace is not None:
-            raise ValueError("--trace replays recorded routing on the sim backend: drop --backend torch")
+            raise ValueError(
+                f"--trace replays recorded routing on the sim backend: drop --backend {args.backend}"
+            )
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -471,6 +494,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.warmup_steps,
             args.seed,
             dtype=args.dtype,
+            backend=args.backend,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
-DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+DEVICE = re.compile(r"cpu|cuda(:\d+)?|gpu|auto")
 
 
 class Parser(argparse.ArgumentParser):
@@ -114,15 +114,20 @@ def policy(text: str) -> str:
 
 
 def device(text: str) -> str:
-    """``cpu``, ``cuda`` or ``cuda:N`` (whether this torch build has it is checked when the model loads)."""
+    """``cpu``, ``cuda`` or ``cuda:N`` (torch), ``gpu`` or ``auto`` (mlx); whether the machine has it
+    is checked when the model loads."""
     if not DEVICE.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected cpu, cuda, cuda:N (torch), gpu or auto (mlx), got {text!r}"
+        )
     return text
 
 
 def check_device(name: str) -> None:
-    """Refuse a CUDA device that this torch build or machine does not have (raises ``ValueError``)."""
-    if name == "cpu":
+    """Refuse a CUDA device that this torch build or machine does not have (raises ``ValueError``).
+
+    ``gpu`` and ``auto`` are the mlx backend's names, checked when it loads the model."""
+    if name in ("cpu", "gpu", "auto"):
         return
     import torch
 

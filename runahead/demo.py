@@ -17,9 +17,20 @@ log = structlog.get_logger("runahead.demo")
 
 
 def run_pairs(
-    concurrency: int, tokens: int, cache_fraction: float, store: str, repeats: int
+    concurrency: int,
+    tokens: int,
+    cache_fraction: float,
+    store: str,
+    repeats: int,
+    *,
+    backend: str = "torch",
+    dtype: str = "auto",
 ) -> tuple[list[dict[str, Any]], list[float]]:
-    """Run ``repeats`` pairs (sync, then runahead); return every row and each pair's tokens/s ratio."""
+    """Run ``repeats`` pairs (sync, then runahead) on ``backend`` (torch or mlx); return every row and
+    each pair's tokens/s ratio.
+
+    ``dtype``: the compute dtype (``auto``: timed at start on torch, :mod:`runahead.backends.dtypes`;
+    the mlx backend's own rule on mlx)."""
     from runahead.medium import small_model
     from runahead.torchbench import TorchPoint, run_torch_point
 
@@ -31,7 +42,15 @@ def run_pairs(
             pair = []
             for policy in ("sync", "runahead"):
                 point = TorchPoint(
-                    path, policy, concurrency, cache_fraction, tokens, store=store, warmup_steps=4
+                    path,
+                    policy,
+                    concurrency,
+                    cache_fraction,
+                    tokens,
+                    store=store,
+                    warmup_steps=4,
+                    backend=backend,
+                    dtype=dtype,
                 )
                 pair.append(run_torch_point(point))
                 advance(len(rows) + len(pair))

@@ -115,35 +115,43 @@ class Engine:
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
+        ``backend``: ``torch`` or ``mlx`` (MLX: also mlx-lm's quantized folders; ``device`` ``cpu``,
+        ``gpu`` or ``auto``).
+
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with.
-        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA, float32 on CPU).
+        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA; on CPU the faster of float32
+        and bfloat16 at the model's shapes, timed once per process). An unknown name: ValueError.
         ``max_waiting``: requests that may wait beyond the running ones (:meth:`submit`).
         """
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-        if backend != "torch":
-            raise ValueError(f"Engine.open serves real models on the torch backend, not {backend!r}")
+        if backend not in ("torch", "mlx"):
+            raise ValueError(f"Engine.open serves real models on the torch or mlx backend, not {backend!r}")
         from runahead.extras import needs_extras
 
         with needs_extras():
-            from runahead.backends.torch import TorchBackend
             from runahead.models.loader import load_tokenizer
 
-        torch_backend = TorchBackend.open(
+            if backend == "mlx":
+                from runahead.backends.mlx import MLXBackend as Real
+            else:
+                from runahead.backends.torch import TorchBackend as Real  # type: ignore[assignment]
+
+        real_backend = Real.open(
             model,
             cache_fraction=cache_fraction,
             device=device,
-            store=store,  # type: ignore[arg-type]
+            store=store,
             batch_invariant=batch_invariant,
             dtype=dtype,
         )
-        config = torch_backend.model.config
+        config = real_backend.model.config
         runtime = Runtime(
-            torch_backend,
+            real_backend,
             RuntimeConfig(
-                cache_slots=torch_backend.num_slots,
+                cache_slots=real_backend.num_slots,
                 policy=policy,
                 step_barrier=step_barrier,
                 prefill_chunk=prefill_chunk,

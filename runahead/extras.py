@@ -19,6 +19,8 @@ EXTRAS = {
     "prometheus_client": "serve",
     "matplotlib": "plot",
     "uvloop": "uvloop",
+    "mlx": "mlx",
+    "mlx_lm": "mlx",
 }
 """Top-level module -> the extra of ``pyproject.toml`` that installs it."""
 

@@ -46,10 +46,12 @@ def generate(
     on_text: Callable[[str], None] | None = None,
     timeline: str | Path | None = None,
     batch_invariant: bool = False,
+    backend: str = "torch",
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
-    With ``on_text``, the first copy's text is passed along as it is generated.
+    With ``on_text``, the first copy's text is passed along as it is generated. ``backend``: ``torch``
+    or ``mlx``.
     """
     from runahead.engine import Engine
 
@@ -59,6 +61,7 @@ def generate(
     async def run() -> list[Completion]:
         engine = await Engine.open(
             model,
+            backend=backend,
             device=device,
             dtype=dtype,
             store=store,

@@ -54,6 +54,7 @@ class Recorder:
     jobs: int = 0
     reads: int = 0
     token_count: int = 0
+    holds: int = 0  # times bottleneck grouping held a ready group back
 
     def compute(self, start: float, end: float, layer: int, requests: tuple[int, ...]) -> None:
         self.compute_seconds += end - start

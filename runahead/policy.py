@@ -1,7 +1,9 @@
 """Scheduling policies by name: the paper's system, its ablations and the baselines.
 
 A policy spec is a name with optional knobs: ``NAME[/knob=value...]``, for example
-``runahead/compute=fifo/fetch=global-srtf`` or ``runahead/grouping=static:2:2:2``.
+``runahead/compute=fifo/fetch=global-srtf``, ``runahead/grouping=static:2:2:2`` or
+``runahead/grouping=bottleneck`` (bottleneck-aware grouping, beyond the paper; ``runahead`` alone
+keeps the paper's opportunistic grouping, because the new one is not faster at every sim point).
 
 | name | grouping | prefetch | stands for |
 | --- | --- | --- | --- |

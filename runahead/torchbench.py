@@ -40,7 +40,8 @@ class TorchPoint:
     seed: int = 0
     queue_depth: int = 2
     preload: bool = False  # read every expert that fits into the cache before the run
-    dtype: str = "float32"  # compute and cache dtype: float32, bfloat16, float16 or auto
+    dtype: str = "auto"  # compute and cache dtype: float32, bfloat16, float16 or auto (timed at start)
+    backend: str = "torch"  # or "mlx" (the same measurement on MLX)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -73,15 +74,18 @@ def resolve_model(name: str) -> str:
 
 
 def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str, Any]:
-    """Measure one point with the torch backend; return its result row (``timeline``: a Chrome trace)."""
-    from runahead.backends.torch import TorchBackend
-
+    """Measure one point with the torch (or mlx) backend; return its row (``timeline``: a Chrome trace)."""
     path = resolve_model(point.model)
-    backend = TorchBackend.open(
+    opener: Any
+    if point.backend == "mlx":
+        from runahead.backends.mlx import MLXBackend as opener
+    else:
+        from runahead.backends.torch import TorchBackend as opener
+    backend = opener.open(
         path,
         cache_fraction=point.cache_fraction,
         device=point.device,
-        store=point.store,  # type: ignore[arg-type]
+        store=point.store,
         queue_depth=point.queue_depth,
         dtype=point.dtype,
     )
@@ -131,7 +135,8 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
     jobs = sum(record.size for record in runtime.recorder.computes)
     return {
         **asdict(point),
-        "backend": "torch",
+        "backend": point.backend,
+        "compute_dtype": str(getattr(backend.model, "dtype", point.dtype)).removeprefix("torch."),
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),
@@ -140,4 +145,6 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "wall_s": wall,
         "direct_io": direct_io,
         "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
+        "prompt_0": list(requests[0].prompt),
+        "tokens_0": tokens[0],  # request 0's tokens, warm-up included (to compare with a peer)
     }

@@ -22,6 +22,7 @@ POLICIES = [
     "runahead/fetch=global-srtf",
     "runahead/fetch=fifo",
     "runahead/grouping=static:2:1",
+    "runahead/grouping=bottleneck",
 ]
 """Every policy and ablation: the exactness tests run each of them."""
 

@@ -19,8 +19,10 @@ import pytest
 
 from runahead.bench import BenchPoint, run_point
 from runahead.costs import CostModel
+from runahead.replay import cache_hold_fraction, replay_fetches
 from runahead.specs import load_model_spec, load_profile
-from runahead.trace import RoutingTrace, cache_hold_fraction, default_trace, replay_fetches
+from runahead.synthetic import default_trace
+from runahead.trace import RoutingTrace
 
 SEPARATE_S = 0.1268
 BATCHED_S = 0.0565
@@ -92,7 +94,7 @@ def test_other_profiles_are_not_fitted_to_it() -> None:
 
 # --- the synthetic router against the paper's fetch figures ------------------------------------
 #
-# Measured with runahead.trace.replay_fetches, the pure replay of the ``sync`` policy (llama.cpp +
+# Measured with runahead.replay.replay_fetches, the pure replay of the ``sync`` policy (llama.cpp +
 # an expert cache) that the runtime matches fetch for fetch (test_replay_matches_the_runtime), on
 # the default synthetic trace, seed 0, 30% LFU cache, 8 warm-up steps then 256 decode steps.
 

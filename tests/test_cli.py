@@ -52,8 +52,14 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["demo", "--tokens", "0"], "argument --tokens: must be >= 1, got 0"),
         (["demo", "--cache-fraction", "0"], "argument --cache-fraction: must be in (0.0, 1.0], got 0.0"),
         (["serve", "m", "--port", "80000"], "argument --port: must be in [0, 65535], got 80000"),
-        (["serve", "m", "--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
-        (["generate", "m", "--prompt", "x", "--device", "tpu"], "expected cpu, cuda or cuda:N"),
+        (
+            ["serve", "m", "--device", "tpu"],
+            "argument --device: expected cpu, cuda, cuda:N (torch), gpu or auto (mlx), got 'tpu'",
+        ),
+        (
+            ["generate", "m", "--prompt", "x", "--device", "tpu"],
+            "expected cpu, cuda, cuda:N (torch), gpu or auto (mlx)",
+        ),
         (["generate", "m", "--prompt-ids", "1,x"], "argument --prompt-ids: expected an integer, got 'x'"),
         (["generate", "no/such/folder", "--prompt", "x"], "model folder 'no/such/folder' does not exist"),
         (["bench", "--concurrency", "2,x"], "argument --concurrency: expected an integer, got 'x'"),

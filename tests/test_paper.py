@@ -12,7 +12,8 @@ import pytest
 from runahead.paper import FIGURES, TINY, figure_points, run_paper, runner
 from runahead.paper.precision import replay_precision
 from runahead.specs import load_model_spec
-from runahead.trace import RoutingTrace, default_trace
+from runahead.synthetic import default_trace
+from runahead.trace import RoutingTrace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

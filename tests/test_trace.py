@@ -8,16 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from runahead.replay import cache_hold_fraction, replay_fetches
 from runahead.specs import load_model_spec
-from runahead.trace import (
-    RoutingTrace,
-    SyntheticRouting,
-    TraceFormatError,
-    cache_hold_fraction,
-    default_trace,
-    replay_fetches,
-    synthetic_trace,
-)
+from runahead.synthetic import SyntheticRouting, default_trace, synthetic_trace
+from runahead.trace import RoutingTrace, TraceFormatError
 
 QWEN = load_model_spec("qwen3.6-35b-a3b")
 

@@ -5,6 +5,13 @@ the gate) goes back to the JobIssuer; the scheduler waits for the issuer's answe
 again, so the choice always sees every job that is ready at that moment. A request that finished
 its token starts its next one at once, or at the step barrier when that is on.
 
+With ``bottleneck`` grouping the scheduler hands the pure rule (:meth:`ComputeQueue.plan`) what it
+knows when the compute unit frees up: the clock's time, the jobs the JobIssuer holds (it sent them,
+and has not had them back as ready), the cache's view of their experts, and costs: the backend's
+cost model when it has one (the sim's ``costs``), else what this run measured (group compute times
+fitted as shared + per job, the mean read). A :class:`Hold` waits for the next message (a job
+became ready, a cancellation) or the hold's deadline, whichever comes first, then decides again.
+
 A group whose compute raises fails only its own requests (their pins and state are released, their
 callers get the error); the others go on. ``max_compute_failures`` groups failing in a row means
 the compute unit itself is broken: the scheduler then stops the runtime with
@@ -14,6 +21,7 @@ the compute unit itself is broken: the scheduler then stops the runtime with
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 from runahead.backend import Backend, BrokenPromise
@@ -23,7 +31,7 @@ from runahead.health import Health, RuntimeBroken
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
-from runahead.scheduling import ComputeQueue, StepBarrier
+from runahead.scheduling import ComputeFit, ComputeQueue, Hold, Outlook, StepBarrier
 
 
 class TokenSink(Protocol):
@@ -70,6 +78,10 @@ class ComputeScheduler:
         self.requests: dict[int, RequestSpec] = {}
         self.lanes: dict[int, int] = {}
         self.positions: dict[int, tuple[int, int]] = {}  # requests with a job in flight
+        self.blocked: dict[int, Job] = {}  # jobs sent to the issuer and not back as ready yet
+        self._bottleneck = queue.grouping.bottleneck
+        self._model = getattr(backend, "costs", None)  # the sim's cost model, if any
+        self._fit = ComputeFit()
         self._awaiting_reply = False
         self._closing = False
 
@@ -78,17 +90,69 @@ class ComputeScheduler:
         while not self._closing:
             while not self.inbox.empty():
                 self.handle(self.inbox.get_nowait())
-            group = None if self._awaiting_reply else self.queue.select_group(self.positions, self.lanes)
-            if group is not None:
-                await self._compute(group)
+            if self._awaiting_reply:
+                choice = None
+            elif self._bottleneck:
+                choice = self.queue.plan(self.positions, self.lanes, self._outlook())
+            else:
+                choice = self.queue.select_group(self.positions, self.lanes)
+            if isinstance(choice, Group):
+                await self._compute(choice)
+            elif isinstance(choice, Hold):
+                await self._hold(choice.deadline)
             elif not self._closing:
                 self.handle(await self.inbox.get())
+
+    async def _hold(self, deadline: float) -> None:
+        """Wait for the next message, or until ``deadline`` (then the caller decides again)."""
+        self.recorder.holds += 1
+        try:
+            async with asyncio.timeout(max(1e-6, deadline - self.clock.now())):
+                message = await self.inbox.get()
+        except TimeoutError:
+            return
+        self.handle(message)
+
+    def _outlook(self) -> Outlook | None:
+        """What ``bottleneck`` grouping decides from, or None while there is nothing to wait for."""
+        if not self.blocked:
+            return None
+        recorder = self.recorder
+        if self._model is not None:
+            fetch_s = float(self._model.fetch_transfer_time())
+        elif recorder.reads and self._fit.observed >= 2:
+            fetch_s = recorder.read_seconds / recorder.reads
+        else:
+            return None  # nothing measured yet: group as the paper does
+        reveal_s = fetch_s * recorder.reads / recorder.jobs if recorder.jobs else 0.0
+        link_s = fetch_s * recorder.reads
+        return Outlook(
+            self.clock.now(),
+            list(self.blocked.values()),
+            self.cache.state,
+            fetch_s,
+            reveal_s,
+            self._group_s,
+            recorder.compute_seconds / link_s if link_s else 1.0,
+        )
+
+    def _group_s(self, jobs: Sequence[Job]) -> float:
+        """Compute seconds of one group of ``jobs``: the cost model's, else the measured fit."""
+        if self._model is None:
+            return self._fit(len(jobs))
+        requests = self.requests
+        contexts = [requests[job.request].prompt_tokens + job.step + job.num_tokens for job in jobs]
+        distinct = len({e for job in jobs for e in job.experts})
+        return float(
+            self._model.compute_time(jobs[0].layer, [job.num_tokens for job in jobs], contexts, distinct)
+        )
 
     def handle(self, message: SchedulerMessage) -> None:
         if message is None:
             self._closing = True
         elif isinstance(message, Ready):
             for job in message.jobs:
+                self.blocked.pop(job.request, None)
                 self.queue.add(job)
             if message.reply:
                 self._awaiting_reply = False
@@ -122,6 +186,8 @@ class ComputeScheduler:
             return
         self.health.compute_succeeded()
         end = self.clock.now()
+        if self._bottleneck and self._model is None:
+            self._fit.observe(len(group.jobs), end - start)
         if len(results) != len(group.jobs):
             raise RuntimeError(
                 f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs"
@@ -141,6 +207,9 @@ class ComputeScheduler:
                 self.positions[job.request] = job.progress
                 next_jobs.append(job)
         if next_jobs:
+            if self._bottleneck:
+                for job in next_jobs:
+                    self.blocked[job.request] = job
             self.issuer.put_nowait(NextJobs(tuple(next_jobs)))
             self._awaiting_reply = True
 
@@ -213,6 +282,7 @@ class ComputeScheduler:
             self.cache.unpin_all(job.keys)
         released = self.barrier.forget(request)
         self.positions.pop(request, None)
+        self.blocked.pop(request, None)
         del self.requests[request], self.lanes[request], self.chunks[request]
         self.issuer.put_nowait(Finished(request))
         self.sink.finished(request, cancelled=True, error=error)

@@ -33,8 +33,11 @@ from typing import Any, Literal
 
 import torch
 
+from runahead.backends.common import admit, distinct_experts, input_tokens, row_spans, take_logprobs
+from runahead.backends.dtypes import resolve_dtype
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
-from runahead.sampling import Sampler, SamplingParams, StepLogprobs, TokenLogprob, token_logprobs
+from runahead.models.base import ExpertRows
+from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
 
 
 @dataclass(slots=True)
@@ -89,9 +92,6 @@ class TorchBackend:
         self._slot_owner: dict[int, ExpertKey] = {}
         self._slot_of: dict[ExpertKey, int] = {}
         self._cuda = self.slots.device.type == "cuda"
-        self.host_routing = self._cuda
-        """Give the MoE its rows per expert from the routing read back to the host (no device read).
-        On by default on CUDA; the CPU finds the rows from ``ids`` (same rows, same order)."""
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
 
@@ -114,17 +114,23 @@ class TorchBackend:
         one job's top-k); the runtime's cache must use :attr:`num_slots`. ``store`` is ``disk``
         (O_DIRECT reads of the model's safetensors files) or ``host`` (every expert copied into host
         memory once, pinned on CUDA). ``dtype`` is the compute and slot dtype, or its name
-        (:func:`resolve_dtype`: ``auto`` is bfloat16 on CUDA, float32 on CPU). ``options`` go to the
-        constructor.
+        (:func:`runahead.backends.dtypes.resolve_dtype`: ``auto`` is bfloat16 on CUDA and the faster
+        of float32 and bfloat16 at the model's shapes on CPU, measured once per process).
+        ``options`` go to the constructor.
         """
         from runahead.models import load_model
+        from runahead.models.loader import model_config
         from runahead.store import SlotPool, make_store
 
         if (cache_slots is None) == (cache_fraction is None):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
-        dtype = resolve_dtype(dtype, device)
+        if dtype == "auto" and torch.device(device).type == "cpu":
+            config = model_config(path)
+            dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
+        else:
+            dtype = resolve_dtype(dtype, device)
         model, layout = load_model(path, device=device, dtype=dtype)
         if cache_slots is None:
             assert cache_fraction is not None
@@ -142,15 +148,7 @@ class TorchBackend:
     # -- request lifecycle -------------------------------------------------------------------------
 
     def open_request(self, request: RequestSpec) -> None:
-        if not request.prompt:
-            raise ValueError(f"request {request.request}: the torch backend needs a non-empty prompt")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in request.prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"request {request.request}: prompt token ids {bad[:5]} are outside [0, {vocab})"
-            )
-        params = request.sampling or SamplingParams(max_tokens=request.max_tokens)
+        params = admit(request, self.model.config.vocab_size, "torch")
         self._requests[request.request] = _RequestState(request, self.model.new_cache(), Sampler(params))
 
     def close_request(self, request: int) -> None:
@@ -159,12 +157,7 @@ class TorchBackend:
     def take_logprobs(self, request: int) -> StepLogprobs | None:
         """What was scored for an open request since the last call (with ``logprobs`` or
         ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
-        state = self._requests.get(request)
-        if state is None or (not state.prompt_logprobs and state.token_logprob is None):
-            return None
-        step = StepLogprobs(tuple(state.prompt_logprobs), state.token_logprob)
-        state.prompt_logprobs, state.token_logprob = [], None
-        return step
+        return take_logprobs(self._requests.get(request))
 
     def logits_of(self, request: int) -> list[torch.Tensor]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""
@@ -216,7 +209,9 @@ class TorchBackend:
         states = [self._requests[job.request] for job in jobs]
         if layer == ENTRY_LAYER:
             tokens = [
-                t for state, job in zip(states, jobs, strict=True) for t in self._input_tokens(state, job)
+                t
+                for state, job in zip(states, jobs, strict=True)
+                for t in input_tokens(state.spec, state.position, state.last_token, job)
             ]
             hidden = model.embed(self._to_device(tokens))
             final = list(range(len(jobs)))
@@ -224,9 +219,7 @@ class TorchBackend:
             hidden, final = self._moe(layer, jobs, states)
         finished: Callable[[], list[JobResult]] = list
         if final:
-            rows = _row_spans(jobs)
             kept = [(jobs[i], states[i]) for i in final]
-            hidden = torch.cat([hidden[rows[i][0] : rows[i][1]] for i in final])
             finished = self._finish(layer, hidden, kept, readback)
 
         def results() -> list[JobResult]:
@@ -242,73 +235,56 @@ class TorchBackend:
     ) -> tuple[torch.Tensor, list[int]]:
         """This wave's routed experts for every job; finish the MoE of jobs whose last wave this is.
 
-        Returns the group's hidden rows (finished rows hold the MoE output) and the indices of the
-        jobs that finished their MoE. A job only adds the experts of its own wave, even when
+        Returns the MoE output rows of the jobs that finished their MoE (in group order) and those
+        jobs' indices. A job only adds the experts of its own wave, even when
         another job of the group computes one of its other experts.
         """
         carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
         hidden = torch.cat([c[0] for c in carried])
         weights = torch.cat([c[2] for c in carried])
+        ids = torch.cat([c[1] for c in carried])  # not read: the rows come from the host copy
         wanted = {e for job in jobs for e in job.experts}
         experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
-        if self.host_routing:
-            ids = torch.cat([c[1] for c in carried])  # not read: the rows come from the host copy
-            routing = self._routing(jobs, states, wanted)
-        else:
-            ids = torch.cat([_wave_ids(c[1], job) for c, job in zip(carried, jobs, strict=True)])
-            routing = None
         accumulated = torch.cat(
             [
                 state.accumulated if state.accumulated is not None else torch.zeros_like(c[0])
                 for state, c in zip(states, carried, strict=True)
             ]
         )
+        routing = self._routing(jobs, states, wanted)
         accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, accumulated, routing)
-        rows = _row_spans(jobs)
+        rows = row_spans(jobs)
         final = []
         for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
             start, stop = rows[i]
-            if job.remaining:
-                state.accumulated = accumulated[start:stop]
-            else:
-                state.accumulated = None
-                hidden[start:stop] = self.model.moe_finish(layer, hidden[start:stop], accumulated[start:stop])
+            state.accumulated = accumulated[start:stop] if job.remaining else None
+            if not job.remaining:
                 final.append(i)
-        return hidden, final
+        if not final:
+            return hidden[:0], final
+        if len(final) < len(jobs):
+            keep = torch.cat([torch.arange(*rows[i], device=hidden.device) for i in final])
+            hidden, accumulated = hidden[keep], accumulated[keep]
+        # One call for every finished row: the shared expert's weights are read once per group.
+        return self.model.moe_finish(layer, hidden, accumulated), final
 
-    def _routing(
-        self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]
-    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """Each expert's ``(rows, k positions)`` in the group's batch, from the host copy of the
-        routing, in the order ``torch.where(ids == e)`` gives them; one copy to the device."""
-        per: dict[int, tuple[list[int], list[int]]] = {}
-        base = 0
+    def _routing(self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]) -> ExpertRows:
+        """The group's (row, k) pairs of this wave, sorted by expert, from the host copy of the
+        routing (no device read); one copy to the device. A job's pairs are those of its own wave."""
+        rows: list[list[int]] = []
         for job, state in zip(jobs, states, strict=True):
             if state.routing is None:
                 raise RuntimeError(f"request {job.request} has no routing for its MoE job")
             wave = wanted if not job.remaining and job.wave == 0 else wanted & set(job.experts)
-            for r, row in enumerate(state.routing):
-                for k, e in enumerate(row):
-                    if e in wave:
-                        rows, kpos = per.setdefault(e, ([], []))
-                        rows.append(base + r)
-                        kpos.append(k)
-            base += len(state.routing)
-        order = sorted(per)
-        flat = self._to_device([v for e in order for v in (*per[e][0], *per[e][1])])
-        routing, at = {}, 0
-        for e in order:
-            n = len(per[e][0])
-            routing[e] = (flat[at : at + n], flat[at + n : at + 2 * n])
-            at += 2 * n
-        return routing
+            rows.extend([e if e in wave else -1 for e in row] for row in state.routing)
+        return ExpertRows.from_host(rows, wanted, self.slots.device)
 
     def _finish(
         self, layer: int, hidden: torch.Tensor, kept: list[tuple[Job, _RequestState]], readback: _Readback
     ) -> Callable[[], list[JobResult]]:
         """After the MoE: sample at the last layer, else the next layer's attention and gate."""
         model = self.model
-        spans = _row_spans([job for job, _ in kept])
+        spans = row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
             ends = self._to_device([stop - 1 for _, stop in spans])
             scored = self._score_prompts(kept, spans, hidden, readback)
@@ -331,21 +307,11 @@ class TorchBackend:
             out = []
             for (job, state), (start, stop) in zip(kept, spans, strict=True):
                 state.routing = routing[start:stop]
-                guess = _experts(guesses[start:stop]) if guesses is not None else ()
-                out.append(JobResult(job, _experts(state.routing), guess))
+                guess = distinct_experts(guesses[start:stop]) if guesses is not None else ()
+                out.append(JobResult(job, distinct_experts(state.routing), guess))
             return out
 
         return results
-
-    def _input_tokens(self, state: _RequestState, job: Job) -> list[int]:
-        """The tokens a pass embeds: the next prompt chunk, or the last sampled token."""
-        if job.prefill:
-            chunk = list(state.spec.prompt[state.position : state.position + job.num_tokens])
-            if len(chunk) != job.num_tokens:
-                raise RuntimeError(f"request {job.request}: prefill chunk past the end of the prompt")
-            return chunk
-        assert state.last_token is not None
-        return [state.last_token]
 
     def _score_prompts(
         self,
@@ -479,43 +445,8 @@ class _Readback:
             done.synchronize()
 
 
-def resolve_dtype(dtype: torch.dtype | str, device: str | torch.device) -> torch.dtype:
-    """A compute dtype from a name: ``float32``, ``bfloat16``, ``float16``, or ``auto`` (bfloat16 on
-    CUDA; float32 on CPU, where bfloat16 matmuls can be ~100x slower)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if dtype not in names:
-        raise ValueError(f"unknown dtype {dtype!r}; expected auto, {', '.join(names)}")
-    return names[dtype]
-
-
-def _experts(rows: list[list[int]]) -> tuple[int, ...]:
-    """The distinct experts in rows of routing, ascending."""
-    return tuple(sorted({e for row in rows for e in row}))
-
-
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The residual stream and routing a request's previous job left for this one."""
     if state.hidden is None or state.ids is None or state.weights is None:
         raise RuntimeError(f"request {request} has no hidden state for its MoE job: jobs ran out of order")
     return state.hidden, state.ids, state.weights
-
-
-def _row_spans(jobs: Sequence[Job]) -> list[tuple[int, int]]:
-    """Each job's rows ``[start, stop)`` in the group's batch (one row per token)."""
-    spans, start = [], 0
-    for job in jobs:
-        spans.append((start, start + job.num_tokens))
-        start += job.num_tokens
-    return spans
-
-
-def _wave_ids(ids: torch.Tensor, job: Job) -> torch.Tensor:
-    """The job's routing with every expert outside its current wave masked out (-1)."""
-    if not job.remaining and job.wave == 0:
-        return ids  # a single wave: every routed expert is in it
-    wave = torch.tensor(job.experts, dtype=ids.dtype, device=ids.device)
-    return torch.where(torch.isin(ids, wave), ids, torch.full_like(ids, -1))

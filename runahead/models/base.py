@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -246,27 +247,37 @@ class MoEModel(ModelDescription):
         weights: Tensor,
         experts: Mapping[int, Tensor],
         out: Tensor | None = None,
-        routing: Mapping[int, tuple[Tensor, Tensor]] | None = None,
+        routing: ExpertRows | None = None,
     ) -> Tensor:
         """Add the routed-expert contributions of just the ``experts`` given to ``out`` (zeros if None).
 
         The expert-compute seam. A job whose experts do not all fit in the cache at once (a prefill
-        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`. ``routing`` maps
-        each expert to compute to its ``(rows, k positions)`` in ``ids`` as index tensors on the
-        model's device; a backend that holds the routing on the host passes it so the MoE needs no
-        device-to-host read (``ids`` is then not read). Without it the rows are found from ``ids``.
+        chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`. ``routing`` is the
+        group's (row, k) pairs sorted by expert (:class:`ExpertRows`); a backend that holds the
+        routing on the host passes it, so the MoE needs no device-to-host read (``ids`` is then not
+        read). Without it the pairs are found from ``ids``.
+
+        The grouped product: the rows are gathered once in expert order, each expert runs over its
+        contiguous run of them (gate and up as one product), and the outputs are weighted and added
+        back with one scatter. Per row the sum runs in ascending expert order, as a loop over
+        experts would add them, so the result is the same to the bit.
         """
         x = self.expert_input(layer, hidden)
         if out is None:
             out = torch.zeros_like(x)
         if routing is None:
-            routing = rows_per_expert(ids, experts)
-        for expert in sorted(routing):
-            rows, kpos = routing[expert]
+            routing = ExpertRows.from_ids(ids, experts)
+        if not routing.spans:
+            return out
+        gathered = x.index_select(0, routing.rows)
+        parts = []
+        for expert, start, stop in routing.spans:
             slot = self.expert_weights(layer, experts[expert], x.dtype)
-            y = self.run_expert(slot, x[rows]) * weights[rows, kpos, None]
-            out.index_add_(0, rows, y)
-        return out
+            parts.append(self.run_expert(slot, gathered[start:stop]))
+        y = torch.cat(parts) if len(parts) > 1 else parts[0]
+        k = weights.shape[-1]
+        y = y * weights.reshape(-1).index_select(0, routing.rows * k + routing.kpos).unsqueeze(1)
+        return out.index_add_(0, routing.rows, y)
 
     def expert_weights(self, layer: int, slot: Tensor, dtype: torch.dtype) -> Tensor:
         """Cache slot ``slot`` of ``layer`` as :meth:`run_expert` reads it: the flat slot in ``dtype``.
@@ -292,21 +303,28 @@ class MoEModel(ModelDescription):
         return dequantize_slot(slot, fmt, dtype, scratch)
 
     def run_expert(self, slot: Tensor, x: Tensor) -> Tensor:
-        """One routed expert held in cache slot ``slot`` (the format of :mod:`.layout`) on rows ``x``."""
+        """One routed expert held in cache slot ``slot`` (the format of :mod:`.layout`) on rows ``x``.
+
+        Gate and up lie back to back in the slot, so they run as one ``[2I, H]`` product (as
+        transformers runs its fused ``gate_up_proj``).
+        """
         c = self.config
-        block = c.intermediate_size * c.hidden_size
-        gate = slot[:block].view(c.intermediate_size, c.hidden_size)
-        up = slot[block : 2 * block].view(c.intermediate_size, c.hidden_size)
-        down = slot[2 * block : 3 * block].view(c.hidden_size, c.intermediate_size)
-        return self.expert(x, gate, up, down)
+        inter, block = c.intermediate_size, c.intermediate_size * c.hidden_size
+        gate_up = F.linear(x, slot[: 2 * block].view(2 * inter, c.hidden_size))
+        down = slot[2 * block : 3 * block].view(c.hidden_size, inter)
+        return F.linear(self.glu(gate_up[:, :inter], gate_up[:, inter:]), down)
 
     def expert_input(self, layer: int, hidden: Tensor) -> Tensor:
         """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""
         return self.norm(hidden, f"{layer}.post_norm")
 
     def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
-        """One expert (or dense MLP) on rows ``x``: ``down(act(gate(x)) * up(x))``, SiLU unless overridden."""
-        return _swiglu(x, gate, up, down)
+        """One expert (or dense MLP) on rows ``x``: ``down(glu(gate(x), up(x)))``."""
+        return F.linear(self.glu(F.linear(x, gate), F.linear(x, up)), down)
+
+    def glu(self, gate: Tensor, up: Tensor) -> Tensor:
+        """The gated unit of an expert: ``act(gate) * up``, SiLU unless overridden."""
+        return F.silu(gate) * up
 
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
@@ -356,17 +374,42 @@ def _mask(
     return allowed
 
 
-def rows_per_expert(ids: Tensor, experts: Collection[int]) -> dict[int, tuple[Tensor, Tensor]]:
-    """For each of ``experts`` that ``ids`` ``[T, k]`` routes to: its ``(rows, k positions)`` in ``ids``.
+@dataclass(frozen=True, slots=True)
+class ExpertRows:
+    """A group's routed ``(row, k)`` pairs sorted by expert: the layout of the grouped expert product.
 
-    Reads ``ids`` on the host (a device sync on CUDA); entries of -1 route nowhere.
+    ``rows[i]`` / ``kpos[i]``: pair ``i``'s row in the batch and its position among the row's k
+    choices; ``spans``: ``(expert, start, stop)`` runs of pairs, ascending by expert, each run in
+    ascending row order (the order ``torch.where(ids == expert)`` gives).
     """
-    routed = set(torch.unique(ids).tolist())
-    found = {}
-    for e in sorted(set(experts) & routed):
-        rows, kpos = torch.where(ids == e)
-        found[int(e)] = (rows, kpos)
-    return found
+
+    rows: Tensor
+    kpos: Tensor
+    spans: tuple[tuple[int, int, int], ...]
+
+    @classmethod
+    def from_host(
+        cls, routing: Sequence[Sequence[int]], experts: Collection[int], device: torch.device | str = "cpu"
+    ) -> ExpertRows:
+        """From routing read back to the host (one list of expert ids per row), keeping only the pairs
+        that route to ``experts``; one copy to ``device``."""
+        wanted = set(experts)
+        pairs = sorted((e, r, k) for r, row in enumerate(routing) for k, e in enumerate(row) if e in wanted)
+        spans: list[tuple[int, int, int]] = []
+        for i, (e, _, _) in enumerate(pairs):
+            if spans and spans[-1][0] == e:
+                spans[-1] = (e, spans[-1][1], i + 1)
+            else:
+                spans.append((e, i, i + 1))
+        flat = torch.tensor([r for _, r, _ in pairs] + [k for _, _, k in pairs], dtype=torch.long)
+        if torch.device(device).type == "cuda":
+            flat = flat.pin_memory().to(device, non_blocking=True)
+        return cls(flat[: len(pairs)], flat[len(pairs) :], tuple(spans))
+
+    @classmethod
+    def from_ids(cls, ids: Tensor, experts: Collection[int]) -> ExpertRows:
+        """From ``ids [T, k]`` (read on the host: a device sync on CUDA); entries of -1 route nowhere."""
+        return cls.from_host(ids.tolist(), experts, ids.device)
 
 
 def _swiglu(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:

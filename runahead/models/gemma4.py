@@ -293,9 +293,9 @@ class Gemma4Model(Gemma4Description, MoEModel):
         """The experts read ``pre_feedforward_layernorm_2`` of the residual."""
         return self.norm(hidden, f"{layer}.pre_ff_norm_2")
 
-    def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    def glu(self, gate: Tensor, up: Tensor) -> Tensor:
         """GeGLU with the tanh approximation of GELU."""
-        return F.linear(F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), down)
+        return F.gelu(gate, approximate="tanh") * up
 
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Normed experts' sum plus the normed dense MLP, normed, added, scaled by ``layer_scalar``."""

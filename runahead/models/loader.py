@@ -214,6 +214,15 @@ def _slice(info: TensorInfo, expert: int, role: str) -> TensorRange:
     return TensorRange(info.path, info.offset + expert * per, per, info.dtype, info.shape[1:], role)
 
 
+def model_config(path: str | Path) -> MoEConfig:
+    """The parsed config of the Hugging Face folder (or ``.gguf`` file) ``path``; no weights are read."""
+    from runahead.models.gguf import GGUFModel, is_gguf
+    from runahead.models.gguf import read_config as read_gguf_config
+
+    raw = read_gguf_config(GGUFModel(path))[1] if is_gguf(path) else text_config(read_config(path))
+    return get_architecture(str(raw.get("model_type"))).parse_config(raw)
+
+
 def load_model(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> tuple[MoEModel, ExpertLayout]:

@@ -16,6 +16,7 @@ POLICY_STYLE = {
     "prefetch-gate": ("SpecMD-like (prefetch-gate)", "#1f77b4", "^"),
     "prefetch-history": ("FineMoE-like (prefetch-history)", "#2ca02c", "v"),
     "runahead": ("Bevy (runahead)", "#d62728", "o"),
+    "runahead/grouping=bottleneck": ("runahead, bottleneck-aware grouping", "#ff7f0e", "*"),
     "runahead+prefetch": ("runahead+prefetch", "#9467bd", "D"),
 }
 BREAKDOWN = (
@@ -148,7 +149,7 @@ def fig4_breakdown(rows: Sequence[Row], path: Path) -> None:
             (r for r in rows if (r["profile"], r["model"]) == combo and r["workload"] == workload),
             key=lambda r: list(POLICY_STYLE).index(r["policy"]),
         )
-        names = [r["policy"].replace("prefetch-", "pf-") for r in subset]
+        names = [r["policy"].replace("prefetch-", "pf-").replace("runahead/grouping=", "") for r in subset]
         ax = axes[i][2 * j]
         bottom = [0.0] * len(subset)
         for field, label, color in BREAKDOWN:
@@ -171,14 +172,16 @@ def fig4_breakdown(rows: Sequence[Row], path: Path) -> None:
 
 
 def fig5_grouping(rows: Sequence[Row], path: Path) -> None:
-    """Step time vs fetches per step: opportunistic grouping against every static grouping."""
+    """Step time vs fetches per step: opportunistic and bottleneck-aware grouping against every static one."""
 
     def series(row: Row) -> str:
         policy: str = row["policy"]
         return policy.split("grouping=")[1] if "grouping=" in policy else "opportunistic (runahead)"
 
     def style(name: str) -> tuple[str, str | None, str]:
-        return (name, "#d62728", "o") if name.startswith("opportunistic") else (name, None, ".")
+        if name.startswith("opportunistic"):
+            return (name, "#d62728", "o")
+        return (name, "#ff7f0e", "*") if name == "bottleneck" else (name, None, ".")
 
     combos, cols = _panels(rows)
     figure, axes = _figure(len(combos), len(cols), 5.0, 3.2)

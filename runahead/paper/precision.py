@@ -1,7 +1,7 @@
 """Figure 1: expert-prediction precision of a gate-based prefetcher vs the expert cache's size.
 
 A pure replay over a synthetic routing trace (no runtime, no clock), like
-:func:`runahead.trace.replay_fetches`. Each trace request is replayed alone (the paper's
+:func:`runahead.replay.replay_fetches`. Each trace request is replayed alone (the paper's
 precision analysis follows one request's next-layer needs), token by token, layer by layer:
 
 * before layer ``l`` runs, the speculative gate's guess for ``l`` (``trace.predictions``, made one
@@ -9,7 +9,7 @@ precision analysis follows one request's next-layer needs), token by token, laye
   fraction of those prefetched experts that layer ``l`` actually selects;
 * then layer ``l``'s selection is served from the cache, missing experts inserted, evicting with
   LRU or LFU (experts in use at the layer are not evictable), exactly as
-  :func:`runahead.trace.cache_hold_fraction` does. Prefetched experts are not inserted: the replay
+  :func:`runahead.replay.cache_hold_fraction` does. Prefetched experts are not inserted: the replay
   measures what a prefetcher would fetch beside a cache, not a particular prefetcher's pollution.
 
 Caches: ``lru``, ``lfu``, ``random`` (at each layer, the LFU cache's number of resident experts and
@@ -28,8 +28,10 @@ import numpy as np
 
 from runahead.eviction import make_eviction
 from runahead.paper.settings import PrecisionPoint
+from runahead.replay import use_in_replay
 from runahead.specs import load_model_spec
-from runahead.trace import RoutingTrace, default_trace, use_in_replay
+from runahead.synthetic import default_trace
+from runahead.trace import RoutingTrace
 
 
 def replay_precision(

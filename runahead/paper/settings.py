@@ -16,6 +16,10 @@ from runahead.bench import BenchPoint, sweep
 BASELINES = ("sync", "prefetch-gate", "prefetch-history", "runahead")
 """llama.cpp + LFU, SpecMD (gate prefetch), FineMoE (history prefetch), Bevy."""
 
+BOTTLENECK = "runahead/grouping=bottleneck"
+"""Bottleneck-aware grouping (beyond the paper): drawn beside the paper's grouping wherever grouping
+matters (throughput, breakdown, the grouping ablation)."""
+
 ORDERINGS = (
     "runahead",
     "runahead/compute=fifo",
@@ -173,7 +177,8 @@ FIGURES = (
 def figure_points(s: Settings) -> dict[str, list[BenchPoint | PrecisionPoint]]:
     """Every figure's points under settings ``s``."""
     main_c, main_f = (s.main_concurrency,), (s.main_cache,)
-    grouping = ("runahead", *(f"runahead/grouping={g}" for g in s.static_groupings))
+    grouping = ("runahead", BOTTLENECK, *(f"runahead/grouping={g}" for g in s.static_groupings))
+    systems = (*BASELINES, BOTTLENECK)
     precision: list[BenchPoint | PrecisionPoint] = [
         PrecisionPoint(
             model, cache, fraction, s.precision_requests, s.precision_steps, s.warmup_steps, s.seed
@@ -184,9 +189,9 @@ def figure_points(s: Settings) -> dict[str, list[BenchPoint | PrecisionPoint]]:
     ]
     points: dict[str, list[BenchPoint | PrecisionPoint]] = {
         "fig1_precision": precision,
-        "fig2_throughput_concurrency": [*_points(s, s.workloads, BASELINES, s.concurrencies, main_f)],
-        "fig3_throughput_cache": [*_points(s, s.cache_workloads, BASELINES, main_c, s.cache_fractions)],
-        "fig4_breakdown": [*_points(s, s.workloads, BASELINES, main_c, main_f)],
+        "fig2_throughput_concurrency": [*_points(s, s.workloads, systems, s.concurrencies, main_f)],
+        "fig3_throughput_cache": [*_points(s, s.cache_workloads, systems, main_c, s.cache_fractions)],
+        "fig4_breakdown": [*_points(s, s.workloads, systems, main_c, main_f)],
         "fig5_grouping": [*_points(s, s.ablation_workloads, grouping, main_c, s.cache_fractions)],
         "fig6_ordering": [*_points(s, s.ablation_workloads, ORDERINGS, s.ordering_concurrencies, main_f)],
         "fig7_runahead_prefetch": [

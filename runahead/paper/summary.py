@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runahead.paper.figures import single_job_fraction
+from runahead.paper.settings import BOTTLENECK
 
 Row = dict[str, Any]
 PREFETCHERS = ("prefetch-gate", "prefetch-history")
@@ -42,6 +43,11 @@ def speedups(rows: Sequence[Row]) -> list[dict[str, Any]]:
                 "vs_best_prefetch": runahead["tokens_per_s"] / best,
                 "sync_overlap_limit": limit,
                 "runahead_bound_ratio": runahead["bound_ratio"],
+                **(
+                    {"bottleneck_over_runahead": by[BOTTLENECK]["tokens_per_s"] / runahead["tokens_per_s"]}
+                    if BOTTLENECK in by
+                    else {}
+                ),
             }
         )
     return out
@@ -61,6 +67,9 @@ def headline(figures: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
             "runahead_vs_best_prefetch": _span([p["vs_best_prefetch"] for p in points]),
             "sync_overlap_limit": _span([p["sync_overlap_limit"] for p in points]),
             "vs_sync_over_limit": _span([p["vs_sync"] / p["sync_overlap_limit"] for p in points]),
+            "bottleneck_over_runahead": _span(
+                [p["bottleneck_over_runahead"] for p in points if "bottleneck_over_runahead" in p]
+            ),
             "points": [
                 {**p["point"], **{k: round(v, 3) for k, v in p.items() if k != "point"}} for p in points
             ],
@@ -88,7 +97,7 @@ def headline(figures: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
     gaps = []
     for _, group in _by(figures["fig5_grouping"], "profile", "model", "workload", "cache_fraction").items():
         times: dict[str, float] = {r["policy"]: r["step_time_s"] for r in group}
-        static = [v for k, v in times.items() if "grouping=" in k]
+        static = [v for k, v in times.items() if "grouping=static" in k]
         if "runahead" in times and static:
             gaps.append((min(static) - times["runahead"]) * 1e3)
     result["fig5_grouping"] = {

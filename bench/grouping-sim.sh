@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Bottleneck-aware grouping against the paper's (issue 11): sync, runahead/grouping=opportunistic and
+# runahead/grouping=bottleneck side by side on the sim, Thor and Mac profiles, both paper models, chat,
+# 2-16 requests, step barrier on; 30% cache over 256 steps, 10% and 70% over 128 steps.
+# Writes bench/results/grouping-sim-<profile>-<model>-<cache>/results.jsonl; then
+#   python bench/grouping_summary.py bench/results/grouping-sim-*/results.jsonl
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for profile in thor mac-mini; do
+  for model in qwen3.6-35b-a3b gemma4-26b-a4b; do
+    for point in 0.3:256 0.1:128 0.7:128; do
+      cache=${point%:*} steps=${point#*:}
+      runahead bench --backend sim --model "$model" --profile "$profile" --policy sync,runahead/grouping=opportunistic,runahead/grouping=bottleneck \
+        --concurrency 2,4,8,16 --cache-fraction "$cache" --steps "$steps" --workload chat --seed 0 \
+        --quiet --out "bench/results/grouping-sim-$profile-$model-$cache"
+    done
+  done
+done

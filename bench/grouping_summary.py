@@ -1,0 +1,84 @@
+"""Bottleneck-aware grouping against the paper's, from bench rows of one run (issue 11's targets).
+
+    python bench/grouping_summary.py bench/results/grouping-sim-*/results.jsonl
+
+For every (model, profile, cache, concurrency): sync's overlap limit ``(C + F) / max(C, F)``, then
+for the paper's grouping (``runahead/grouping=opportunistic``) and the new one
+(``runahead/grouping=bottleneck``) the speed-up over sync, the share of the possible gain
+``(x - 1) / (limit - 1)`` and the step time over the row's own ``max(compute, fetch)``; ``new/paper``
+is the new grouping's tokens/s over the paper's (the "never below" target is ``>= 1``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from typing import Any
+
+PAPER = "runahead/grouping=opportunistic"
+NEW = "runahead/grouping=bottleneck"
+
+
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for path in paths:
+        with open(path) as lines:
+            rows.extend(json.loads(line) for line in lines if line.strip())
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    points: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        where = (row["model"], row["profile"], row["cache_fraction"], row["concurrency"], row["step_barrier"])
+        points[where][row["policy"]] = row
+    out = []
+    for (model, profile, cache, concurrency, barrier), by in sorted(points.items()):
+        if not {"sync", PAPER, NEW} <= by.keys():
+            continue
+        sync = by["sync"]
+        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+        entry: dict[str, Any] = {
+            "model": model,
+            "profile": profile,
+            "cache": cache,
+            "concurrency": concurrency,
+            "barrier": barrier,
+            "limit": limit,
+            "new_over_paper": by[NEW]["tokens_per_s"] / by[PAPER]["tokens_per_s"],
+        }
+        for name, policy in (("paper", PAPER), ("new", NEW)):
+            x = by[policy]["tokens_per_s"] / sync["tokens_per_s"]
+            entry[f"{name}_x"] = x
+            entry[f"{name}_share"] = (x - 1) / (limit - 1) if limit > 1 else 1.0
+            entry[f"{name}_bound"] = by[policy]["bound_ratio"]
+        out.append(entry)
+    return out
+
+
+def main() -> None:
+    rows = table(load(sys.argv[1:]))
+    header = (
+        f"{'model':<16} {'profile':<9} {'cache':>5} {'conc':>4} {'limit':>6} | {'paper x':>7} {'share':>6} "
+        f"{'/bound':>6} | {'new x':>7} {'share':>6} {'/bound':>6} | {'new/paper':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['model'][-16:]:<16} {r['profile']:<9} {r['cache']:5.2f} {r['concurrency']:>4} {r['limit']:6.2f} | "
+            f"{r['paper_x']:7.3f} {r['paper_share']:6.0%} {r['paper_bound']:6.3f} | "
+            f"{r['new_x']:7.3f} {r['new_share']:6.0%} {r['new_bound']:6.3f} | {r['new_over_paper']:9.3f}"
+        )
+    if rows:
+        worst = min(rows, key=lambda r: r["new_over_paper"])
+        print(
+            f"\nnew/paper: min {worst['new_over_paper']:.3f} ({worst['model']}, {worst['profile']}, cache "
+            f"{worst['cache']}, {worst['concurrency']} requests); rows below 1: "
+            f"{sum(r['new_over_paper'] < 1 for r in rows)} of {len(rows)}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""The best schedule reachable without prediction on a small case, by branch and bound.
+
+NOTE (the model). At 2-4 requests no schedule reaches the overlap limit ``(C + F) / max(C, F)``:
+overlap needs split groups, and each split group reads the shared weights again. This module
+finds what *is* reachable on a short trace, so a grouping's gain can be stated as a share of it.
+The model is the runtime's, made small and exact:
+
+* each request runs its jobs in order (entry job, then one job per layer, per step), a job's
+  experts known only once the job before it has computed (no prediction); a step barrier holds
+  every request's next token until all finished the current one;
+* an expert is missing unless it is in the (fixed) resident set or was read earlier in the case
+  (the cache is large enough that nothing read is evicted within it); one read at a time holds
+  the link ``fetch_s`` (no latency), served in ``SELECT_FETCH_JOB`` order; an expert two jobs
+  need is read once;
+* a group is every ready job of one layer that the schedule chooses; it costs ``group_s(jobs)``.
+
+A schedule decides, each time the compute unit is free and a job is ready, which layer's ready
+jobs to compute, or to wait for the next job to become ready. :func:`best_schedule` searches every
+such decision (depth first, pruned by a lower bound: the remaining compute with every layer in one
+group, and the remaining reads back to back; and by dominance: the same progress and reads reached
+no later) and returns the shortest makespan. :func:`run_policy` plays a grouping rule of
+:mod:`runahead.scheduling` through the same model, so the two compare like with like.
+Grouping only: the search does not choose fetch order, and it never splits one layer's ready jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from runahead.cache import EntryState
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job
+from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping, Hold, Outlook
+
+GroupSeconds = Callable[[Sequence[Job]], float]
+
+
+@dataclass(frozen=True, slots=True)
+class SmallCase:
+    """A short trace: ``selections[request][step][layer]``, what is resident, and the costs."""
+
+    selections: Sequence[Sequence[Sequence[tuple[int, ...]]]]
+    resident: frozenset[ExpertKey]
+    fetch_s: float
+    group_s: GroupSeconds
+
+    @property
+    def requests(self) -> int:
+        return len(self.selections)
+
+    @property
+    def steps(self) -> int:
+        return len(self.selections[0])
+
+    @property
+    def layers(self) -> int:
+        return len(self.selections[0][0])
+
+
+@dataclass(slots=True)
+class _State:
+    """Where a schedule stands when the compute unit is free (``now``)."""
+
+    now: float
+    jobs: dict[int, Job]  # each request's current job (absent: at the barrier, or finished)
+    ready: set[int]
+    held: set[int]  # finished the step, waiting at the barrier
+    landed: set[ExpertKey]  # read during the case (the resident set is the case's)
+    requested: set[ExpertKey]  # landed, or being read
+    in_flight: tuple[ExpertKey, float] | None = None  # the read on the link and when it lands
+    link_free: float = 0.0  # when the link finished its last read
+    step: int = 0
+    link_busy: float = 0.0
+    compute_busy: float = 0.0
+    computed: int = 0
+    reads: int = 0
+    trail: tuple[tuple[float, int, tuple[int, ...]], ...] = ()
+
+    def copy(self) -> _State:
+        return _State(
+            self.now,
+            dict(self.jobs),
+            set(self.ready),
+            set(self.held),
+            set(self.landed),
+            set(self.requested),
+            self.in_flight,
+            self.link_free,
+            self.step,
+            self.link_busy,
+            self.compute_busy,
+            self.computed,
+            self.reads,
+            self.trail,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A schedule's makespan, busy times and groups ``(start, layer, requests)``."""
+
+    makespan: float
+    compute_s: float
+    fetch_s: float
+    groups: tuple[tuple[float, int, tuple[int, ...]], ...]
+    explored: int = 0
+
+
+class _Model:
+    """The small case's dynamics: reads, readiness, groups, the barrier."""
+
+    def __init__(self, case: SmallCase) -> None:
+        self.case = case
+        self.last = case.layers - 1
+        self._prepare()
+
+    def start(self) -> _State:
+        state = _State(0.0, {}, set(), set(), set(), set())
+        for request in range(self.case.requests):
+            state.jobs[request] = Job(request, 0, ENTRY_LAYER, lane=request)
+            state.ready.add(request)
+        return state
+
+    def missing(self, state: _State, job: Job) -> list[ExpertKey]:
+        resident, landed = self.case.resident, state.landed
+        return [key for key in job.keys if key not in resident and key not in landed]
+
+    @staticmethod
+    def blocked(state: _State) -> list[Job]:
+        return [job for r, job in state.jobs.items() if r not in state.ready]
+
+    def _next_read(self, state: _State) -> ExpertKey | None:
+        """``SELECT_FETCH_JOB`` (lowest progress, then fewest missing): its first expert not read."""
+        best: tuple[tuple[int, int, int, int], ExpertKey] | None = None
+        for job in self.blocked(state):
+            missing = self.missing(state, job)
+            unread = [key for key in missing if key not in state.requested]
+            if unread:
+                rank = (job.epoch, job.layer, len(missing), job.request)
+                if best is None or rank < best[0]:
+                    best = (rank, unread[0])
+        return None if best is None else best[1]
+
+    def advance_link(self, state: _State, until: float) -> None:
+        """Run the link to ``until``: land reads, start the next, mark the jobs that became ready.
+
+        Reads start when the link is free, or at ``state.now`` (when the last reveal happened).
+        """
+        while True:
+            if state.in_flight is None:
+                key = self._next_read(state)
+                if key is None:
+                    return
+                lands = max(state.link_free, state.now) + self.case.fetch_s
+                state.requested.add(key)
+                state.in_flight = (key, lands)
+                state.link_busy += self.case.fetch_s
+                state.reads += 1
+            key, lands = state.in_flight
+            if lands > until:
+                return
+            state.landed.add(key)
+            state.in_flight = None
+            state.link_free = lands
+            for job in self.blocked(state):
+                if not self.missing(state, job):
+                    state.ready.add(job.request)
+
+    def next_ready_time(self, state: _State) -> float | None:
+        """When the next blocked job becomes ready if nothing computes meanwhile (None: never)."""
+        probe = state.copy()
+        count = len(probe.ready)
+        while True:
+            self.advance_link(probe, probe.now)
+            if probe.in_flight is None:
+                return None
+            probe.now = probe.in_flight[1]
+            self.advance_link(probe, probe.now)
+            if len(probe.ready) > count:
+                return probe.now
+
+    def compute(self, state: _State, layer: int) -> None:
+        """Compute every ready job at ``layer`` as one group, then reveal what each needs next."""
+        members = sorted(r for r in state.ready if state.jobs[r].layer == layer)
+        jobs = [state.jobs[r] for r in members]
+        busy = self.case.group_s(jobs)
+        state.trail = (*state.trail, (state.now, layer, tuple(members)))
+        end = state.now + busy
+        state.compute_busy += busy
+        state.computed += len(jobs)
+        self.advance_link(state, end)
+        state.now = end
+        state.ready.difference_update(members)
+        for job in jobs:
+            if job.layer == self.last:
+                state.held.add(job.request)
+                del state.jobs[job.request]
+                continue
+            nxt = job.layer + 1
+            experts = self.case.selections[job.request][job.step][nxt]
+            state.jobs[job.request] = Job(
+                job.request, job.step, nxt, experts, lane=job.request, epoch=job.step
+            )
+            if not self.missing(state, state.jobs[job.request]):
+                state.ready.add(job.request)
+        if not state.jobs:  # everyone reached the barrier
+            state.step += 1
+            if state.step < self.case.steps:
+                for request in state.held:
+                    state.jobs[request] = Job(
+                        request, state.step, ENTRY_LAYER, lane=request, epoch=state.step
+                    )
+                    state.ready.add(request)
+                state.held.clear()
+        self.advance_link(state, state.now)
+
+    def wait(self, state: _State, until: float | None = None) -> bool:
+        """Let time pass until the next job becomes ready (or ``until``); False if none can."""
+        when = self.next_ready_time(state)
+        if when is None:
+            return False
+        target = when if until is None or until <= state.now else min(when, until)
+        self.advance_link(state, target)
+        state.now = target
+        return True
+
+    def key_state(self, state: _State, key: ExpertKey) -> EntryState:
+        """The cache state the runtime would see: resident, being read, or wanted."""
+        if key in state.landed or key in self.case.resident:
+            return EntryState.RESIDENT
+        flight = state.in_flight
+        return EntryState.PENDING if flight is not None and flight[0] == key else EntryState.WANTED
+
+    @staticmethod
+    def done(state: _State) -> bool:
+        return not state.jobs
+
+    @staticmethod
+    def result(state: _State, explored: int = 0) -> Schedule:
+        return Schedule(state.now, state.compute_busy, state.link_busy, state.trail, explored)
+
+    # -- search --------------------------------------------------------------------------------
+
+    def lower_bound(self, state: _State) -> float:
+        """No schedule from ``state`` ends sooner: the remaining compute with each layer in one
+        group, or the reads not yet started back to back after the link's current one."""
+        case = self.case
+        compute = self._future_compute[state.step + 1] if state.step + 1 < case.steps else 0.0
+        needed: set[ExpertKey] = set()
+        for request in range(case.requests):
+            job = state.jobs.get(request)
+            if job is not None:
+                needed |= self._suffix_keys[request][state.step][job.layer + 1]
+            if state.step + 1 < case.steps:
+                needed |= self._suffix_keys[request][state.step + 1][0]
+        if state.jobs:
+            at = sorted((job.layer, request) for request, job in state.jobs.items())
+            for i, (layer, _) in enumerate(at[:-1]):  # layers some requests have left behind
+                requests = tuple(sorted(r for _, r in at[: i + 1]))
+                for between in range(layer, at[i + 1][0]):
+                    compute += self._level_cost(state.step, between, requests)
+            compute += self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
+        link = max(state.link_free, state.now) if state.in_flight is None else state.in_flight[1]
+        return max(state.now + compute, link + len(needed - state.requested) * case.fetch_s)
+
+    def _level_cost(self, step: int, layer: int, requests: tuple[int, ...]) -> float:
+        key = (step, layer, requests)
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = self.case.group_s([self._job(r, step, layer) for r in requests])
+        return cost
+
+    def _tail_cost(self, step: int, first: int, requests: tuple[int, ...]) -> float:
+        """Whole groups of ``requests`` at every layer from ``first`` to the last, in ``step``."""
+        key = (step, first, requests)
+        cost = self._tails.get(key)
+        if cost is None:
+            cost = sum(self._level_cost(step, layer, requests) for layer in range(first, self.case.layers))
+            self._tails[key] = cost
+        return cost
+
+    def _job(self, request: int, step: int, layer: int) -> Job:
+        experts = self.case.selections[request][step][layer] if layer >= 0 else ()
+        return Job(request, step, layer, experts, lane=request, epoch=step)
+
+    def _prepare(self) -> None:
+        """Per-level costs of whole groups and each request's missing experts from a point on."""
+        case = self.case
+        everyone = tuple(range(case.requests))
+        self._costs: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        self._tails: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        per_step = [
+            sum(self._level_cost(step, layer, everyone) for layer in range(ENTRY_LAYER, case.layers))
+            for step in range(case.steps)
+        ]
+        self._future_compute = [sum(per_step[step:]) for step in range(case.steps)]
+        # _suffix_keys[r][step][i]: non-resident experts of request r's jobs at layers >= i - 1 of
+        # ``step`` and every later step (i = layer + 1, so i = 0 is the entry job).
+        self._suffix_keys: list[list[list[frozenset[ExpertKey]]]] = []
+        for request in range(case.requests):
+            rows: list[list[frozenset[ExpertKey]]] = [[] for _ in range(case.steps)]
+            tail: frozenset[ExpertKey] = frozenset()
+            for step in reversed(range(case.steps)):
+                row = [tail] * (case.layers + 2)
+                for layer in reversed(range(case.layers)):
+                    job = self._job(request, step, layer)
+                    tail = tail | {k for k in job.keys if k not in case.resident}
+                    row[layer + 1] = tail
+                row[0] = tail
+                rows[step] = row
+            self._suffix_keys.append(rows)
+
+    def signature(self, state: _State) -> tuple[object, ...]:
+        progress = tuple(
+            (job.step, job.layer, r in state.ready) if (job := state.jobs.get(r)) else None
+            for r in range(self.case.requests)
+        )
+        flight = None if state.in_flight is None else state.in_flight[0]
+        return (state.step, progress, frozenset(state.requested), flight)
+
+    def options(self, state: _State) -> list[int | None]:
+        """The layers whose ready jobs may compute now, lowest first, and None (wait) if useful."""
+        layers = sorted({state.jobs[r].layer for r in state.ready})
+        choices: list[int | None] = list(layers)
+        if self.blocked(state) and (state.in_flight is not None or self._next_read(state) is not None):
+            choices.append(None)
+        return choices
+
+
+def best_schedule(case: SmallCase, incumbent: float = math.inf, max_nodes: int = 2_000_000) -> Schedule:
+    """The shortest makespan over every group/wait decision (depth first, branch and bound).
+
+    ``incumbent``: a makespan already reached (a policy's), to prune from the start. Raises
+    RuntimeError when the search visits more than ``max_nodes`` decisions (the case is too big).
+    """
+    model = _Model(case)
+    best: list[Schedule | None] = [None]
+    bound = [incumbent]
+    seen: dict[tuple[object, ...], list[tuple[float, float]]] = {}
+    explored = 0
+
+    def visit(state: _State) -> None:
+        nonlocal explored
+        explored += 1
+        if explored > max_nodes:
+            raise RuntimeError(f"the search passed {max_nodes} decisions: use a smaller case")
+        if model.done(state):
+            if state.now < bound[0] or (best[0] is None and state.now <= bound[0]):
+                bound[0] = state.now
+                best[0] = model.result(state)
+            return
+        if model.lower_bound(state) >= bound[0] - 1e-12 and best[0] is not None:
+            return
+        key = model.signature(state)
+        link = state.in_flight[1] if state.in_flight is not None else state.link_free
+        mark = (state.now, link)
+        marks = seen.setdefault(key, [])
+        if any(now <= mark[0] + 1e-12 and ln <= mark[1] + 1e-12 for now, ln in marks):
+            return
+        marks.append(mark)
+        for choice in model.options(state):
+            child = state.copy()
+            if choice is None:
+                if not model.wait(child):
+                    continue
+            else:
+                model.compute(child, choice)
+            visit(child)
+
+    visit(model.start())
+    if best[0] is None:
+        raise RuntimeError("the search found no schedule (the incumbent was already optimal?)")
+    found = best[0]
+    return Schedule(found.makespan, found.compute_s, found.fetch_s, found.groups, explored)
+
+
+def run_policy(case: SmallCase, grouping: Grouping) -> Schedule:
+    """Play a grouping rule (opportunistic, bottleneck, static) through the small case's model."""
+    model = _Model(case)
+    state = model.start()
+    lanes = {r: r for r in range(case.requests)}
+    while not model.done(state):
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)
+        for request in sorted(state.ready):
+            queue.add(state.jobs[request])
+        positions = {r: job.progress for r, job in state.jobs.items()}
+        blocked = model.blocked(state)
+        outlook = None
+        if blocked:
+            reveal = case.fetch_s * state.reads / state.computed if state.computed else 0.0
+            share = state.compute_busy / state.link_busy if state.link_busy else 1.0
+            key_state = partial(model.key_state, state)
+            outlook = Outlook(state.now, blocked, key_state, case.fetch_s, reveal, case.group_s, share)
+        choice = queue.plan(positions, lanes, outlook)
+        if isinstance(choice, Group):
+            model.compute(state, choice.layer)
+        elif isinstance(choice, Hold):
+            if not model.wait(state, choice.deadline):
+                raise RuntimeError("a hold with nothing to wait for")
+        elif not model.wait(state):
+            raise RuntimeError(f"nothing ready and nothing to wait for at {state.now}")
+    return model.result(state)

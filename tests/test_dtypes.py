@@ -1,0 +1,79 @@
+"""The torch backend's compute dtype: a named one is honoured, ``auto`` returns one that works, and a
+bad name is refused with an error naming the accepted ones (CLI, ``Engine.open``, the backend)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from runahead.backends.dtypes import CANDIDATES, DTYPE_CHOICES, fastest_cpu_dtype, resolve_dtype
+from runahead.backends.torch import TorchBackend
+from runahead.cli import DTYPES, build_parser
+from runahead.jobs import RequestSpec
+from runahead.runtime import Runtime, RuntimeConfig
+
+from modelhelpers import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"))
+
+
+def _decode(backend: TorchBackend, tokens: int = 4) -> list[int]:
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy="runahead"))
+    try:
+        return asyncio.run(runtime.run([RequestSpec(0, tokens, prompt=(5, 17, 42))]))[0]
+    finally:
+        backend.close()
+
+
+def test_the_command_line_offers_the_backend_s_dtypes() -> None:
+    assert tuple(DTYPES) == DTYPE_CHOICES
+    parser = build_parser()
+    for argv in (["generate", "m", "--prompt", "x"], ["serve", "m"], ["bench"], ["demo"]):
+        assert parser.parse_args([*argv, "--dtype", "bfloat16"]).dtype == "bfloat16"
+        assert parser.parse_args(argv).dtype == "auto"
+
+
+def test_a_bad_dtype_is_refused_by_name(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match=r"unknown dtype 'fp8'; expected one of auto, float32, bfloat16"):
+        resolve_dtype("fp8", "cpu")
+    with pytest.raises(ValueError, match=r"unsupported compute dtype torch\.int8"):
+        resolve_dtype(torch.int8, "cpu")
+    with pytest.raises(ValueError, match="unknown dtype 'half'"):
+        TorchBackend.open(str(tiny), cache_slots=8, dtype="half")
+    from runahead.engine import Engine
+
+    with pytest.raises(ValueError, match="unknown dtype 'half'"):
+        asyncio.run(Engine.open(str(tiny), dtype="half"))
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["generate", "m", "--prompt", "x", "--dtype", "fp8"])
+    assert stopped.value.code == 2
+    assert "argument --dtype: invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_a_named_dtype_is_what_the_backend_computes_in(tiny: Path, name: str) -> None:
+    backend = TorchBackend.open(str(tiny), cache_slots=8, dtype=name)
+    dtype = getattr(torch, name)
+    assert backend.model.dtype == dtype and backend.slots.data.dtype == dtype  # no widening of experts
+    assert backend.model.weights["0.q_proj"].dtype == dtype
+    tokens = _decode(backend)
+    assert len(tokens) == 4 and all(0 <= t < backend.model.config.vocab_size for t in tokens)
+
+
+@pytest.mark.measured_dtype
+def test_auto_times_the_candidates_and_returns_one_that_works(tiny: Path) -> None:
+    fastest_cpu_dtype.cache_clear()
+    chosen = resolve_dtype("auto", "cpu", (64, 24))
+    assert chosen in CANDIDATES
+    assert fastest_cpu_dtype(64, 24) is chosen  # measured once per process and shape
+    assert fastest_cpu_dtype.cache_info().hits >= 1
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16  # no measuring on CUDA
+    backend = TorchBackend.open(str(tiny), cache_slots=8, dtype="auto")
+    assert backend.model.dtype is chosen
+    assert len(_decode(backend)) == 4

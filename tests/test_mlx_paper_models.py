@@ -1,0 +1,57 @@
+"""The paper's models (Qwen3.5/3.6 MoE, Gemma 4 MoE) and gpt-oss on the mlx backend: transformers' tokens.
+
+Tiny random float32 models as ``tests/modelhelpers.py`` builds them for the torch backend (their
+constant-initialised weights randomised, linear-attention and sliding layers mixed in), run with 4
+requests at once, a cache of 8 of the model's experts and prompts in chunks of 2, under ``sync``,
+``runahead``, ``prefetch-gate`` and a static grouping. Their tokens equal transformers' and the
+torch backend's. Skipped without MLX.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlx.core")
+
+from runahead.backends.mlx import MLXBackend
+
+from mlxhelpers import run_requests, transformers_greedy
+from modelhelpers import build_tiny_model
+
+TOKENS = 10
+PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
+SLOTS = 8
+POLICIES = ["sync", "runahead", "prefetch-gate", "runahead/grouping=static:2:2"]
+PAPER = ["qwen3_5_moe", "gemma4", "gpt_oss"]
+
+
+@pytest.fixture(scope="module", params=PAPER)
+def model(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[list[int]]]:
+    path = build_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+    return path, transformers_greedy(path, PROMPTS, TOKENS)
+
+
+def run(backend: Any, policy: str) -> dict[int, list[int]]:
+    tokens, runtime = run_requests(backend, policy, PROMPTS, TOKENS, slots=SLOTS)
+    assert runtime.cache.stats.evictions > 0
+    return tokens
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_tokens_equal_transformers(model: tuple[Path, list[list[int]]], policy: str) -> None:
+    path, expected = model
+    tokens = run(MLXBackend.open(str(path), cache_slots=SLOTS, device="cpu"), policy)
+    assert [tokens[i] for i in range(len(PROMPTS))] == expected
+
+
+def test_the_torch_backend_gives_the_same_tokens(model: tuple[Path, list[list[int]]]) -> None:
+    from runahead.backends.torch import TorchBackend
+
+    path, expected = model
+    tokens = run(TorchBackend.open(str(path), cache_slots=SLOTS), "runahead")
+    assert [tokens[i] for i in range(len(PROMPTS))] == expected
