@@ -334,12 +334,15 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
     each expert matrix is one piece of the file's blocks, repacked when read."""
     import numpy as np
 
-    from runahead.models.gguf import load_gguf
+    from runahead.models.gguf import read_gguf
     from runahead.models.mlx.ggufq import GGUF_QUANT
 
-    model, layout = load_gguf(path)
-    config = model.config
-    weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in model.weights.items()}
+    arch, config, torch_weights, layout = read_gguf(path)  # as the checkpoint holds them
+    if layout.ranges and any(r.role.endswith("_bias") for r in layout.ranges[0, 0]):
+        raise ModelLoadError(
+            f"{path}: GGUF {config.model_type} (expert biases) is not run on the mlx backend yet"
+        )
+    weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in torch_weights.items()}
     if config.tie_word_embeddings:
         weights.pop("lm_head", None)
     mx.eval(list(weights.values()))
@@ -367,4 +370,4 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
                 )
             pieces.append(Piece(f"{r.role}.gguf", r.path, r.offset, r.nbytes, r.dtype, (out, inner)))
         experts[key] = tuple(pieces)
-    return Checkpoint(config, type(model), weights, {}, formats, experts, False)
+    return Checkpoint(config, arch, weights, {}, formats, experts, False)
