@@ -7,11 +7,12 @@ tokens agree before the first difference, and the largest logit difference on th
 position (before any token differs).
 
 ``medium FILE``: single-request greedy decode on one GGUF (e.g. the medium model converted at
-Q4_0): llama.cpp (2 threads, the whole file mapped) against runahead's torch backend (every expert
-resident, and with 30% of them cached, experts read from the file with O_DIRECT), tokens/s.
+Q4_0): llama.cpp (2 threads and 1, the whole file mapped) against runahead's torch backend (every
+expert resident, and with 30% of them cached, experts read from the file with O_DIRECT; ``--twin``:
+also the same model's safetensors folder, all resident), tokens/s.
 
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
-    PYTHONPATH=$PWD python bench/gguf_peer.py medium FILE --out bench/results/gguf-peer
+    PYTHONPATH=$PWD python bench/gguf_peer.py medium FILE [--twin medium] --out bench/results/gguf-peer
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[i
     return out, first
 
 
-def tiny(out: Path) -> list[dict[str, Any]]:
-    import shutil
+def tiny() -> list[dict[str, Any]]:
+    import tempfile
 
     from ggufhelpers import OVERRIDES
     from test_torch_backend import PROMPTS, TOKENS, run
@@ -61,8 +62,7 @@ def tiny(out: Path) -> list[dict[str, Any]]:
 
     rows = []
     for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe"):
-        folder = out / "tiny" / arch
-        shutil.rmtree(folder, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix=f"gguf-peer-{arch}-"))  # the models stay out of --out
         same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
         hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
         for stale in ("tokenizer.json", "tokenizer_config.json"):
@@ -93,28 +93,40 @@ def tiny(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def medium(path: Path, steps: int) -> list[dict[str, Any]]:
-    from runahead.torchbench import TorchPoint, run_torch_point
-
-    prompt = [11, 42, 7, 99]
+def llama_cpp_decode(path: Path, steps: int, threads: int) -> dict[str, Any]:
+    """llama.cpp's single-request greedy decode on ``path``: tokens/s over ``steps`` tokens after a warm-up,
+    and the median token time (llama.cpp's threads spin at barriers, so a preempted thread stalls the
+    others: on a loaded machine the median says more than the mean)."""
     import llama_cpp
 
     llm = llama_cpp.Llama(
-        model_path=str(path), n_ctx=256, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
+        model_path=str(path),
+        n_ctx=256,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=True,
+        verbose=False,
     )
-    llm.eval(prompt)
-    for _ in range(4):  # warm up
+    llm.eval([11, 42, 7, 99])
+    times = []
+    for step in range(4 + steps):  # 4 warm-up tokens
+        start = time.perf_counter()
         llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-    start = time.perf_counter()
-    for _ in range(steps):
-        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
-    rows = [
-        {
-            "system": f"llama.cpp ({THREADS} threads, file mapped)",
-            "tokens_per_s": steps / (time.perf_counter() - start),
-        }
-    ]
-    del llm
+        if step >= 4:
+            times.append(time.perf_counter() - start)
+    return {
+        "system": f"llama.cpp ({threads} thread{'s' if threads > 1 else ''}, file mapped)",
+        "tokens_per_s": steps / sum(times),
+        "median_token_ms": 1000 * float(np.median(times)),
+    }
+
+
+def medium(path: Path, steps: int, twin: str | None) -> list[dict[str, Any]]:
+    import os
+
+    from runahead.torchbench import TorchPoint, run_torch_point
+
+    rows = [llama_cpp_decode(path, steps, 2), llama_cpp_decode(path, steps, 1)]
     for fraction, store, preload in ((1.0, "host", True), (0.3, "disk", False)):
         point = TorchPoint(
             str(path), "runahead", 1, fraction, steps, store=store, warmup_steps=4, preload=preload
@@ -127,9 +139,18 @@ def medium(path: Path, steps: int) -> list[dict[str, Any]]:
                 "fetches_per_step": result["fetches_per_step"],
             }
         )
+    if twin is not None:  # the same model as safetensors (bf16 on disk, float32 in the cache)
+        point = TorchPoint(twin, "runahead", 1, 1.0, steps, store="host", warmup_steps=4, preload=True)
+        result = run_torch_point(point)
+        rows.append(
+            {"system": f"runahead torch on {twin}, 100% cached", "tokens_per_s": result["tokens_per_s"]}
+        )
+    rows.append(llama_cpp_decode(path, steps, 2))  # again, after: how much the machine's load moved
+    load = os.getloadavg()[0]
     for row in rows:
         row["file"] = str(path)
-        row["vs_llama_cpp"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+        row["load_average_1min_at_end"] = load
+        row["vs_llama_cpp_2_threads"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
         print(json.dumps(row))
     return rows
 
@@ -142,9 +163,10 @@ def main() -> None:
     parser.add_argument("file", nargs="?", type=Path, help="medium: the GGUF file")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=32, help="medium: decode steps timed")
+    parser.add_argument("--twin", help="medium: also run this safetensors folder (or 'medium') all resident")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = tiny(args.out) if args.what == "tiny" else medium(args.file, args.steps)
+    rows = tiny() if args.what == "tiny" else medium(args.file, args.steps, args.twin)
     with (args.out / f"{args.what}.jsonl").open("w") as sink:
         sink.writelines(json.dumps(row) + "\n" for row in rows)
 

@@ -31,6 +31,11 @@ GGUF_ARCH = {
 }
 """Our ``model_type`` -> the GGUF ``general.architecture`` the converter writes."""
 
+LOGIT_TOLERANCE = {"qwen3_5_moe": 4e-4}
+"""Float32 logit tolerance where 1e-4 is too tight: Qwen3.5's linear attention against transformers'
+reference path differs by up to ~3e-4 on some of several concurrent requests, from the GGUF and from
+its dequantized safetensors twin alike (measured 2026-12-01); greedy tokens are still equal."""
+
 OVERRIDES: dict[str, dict[str, Any]] = {
     # Expert widths and shared experts in whole 32-weight blocks (H = 64, I = 96: not square).
     "qwen3_moe": {"moe_intermediate_size": 96},

@@ -294,14 +294,13 @@ def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> 
     return ExpertLayout(config.num_layers, n, h, i, ranges, stored=True)
 
 
-def load_gguf(
+def read_gguf(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-) -> tuple[MoEModel, ExpertLayout]:
-    """Load a GGUF MoE: resident weights dequantized into ``dtype`` on ``device``, experts as a stored layout.
-
-    The returned model's ``slot_formats`` say how each layer's slots hold its experts. Raises
-    :class:`ModelLoadError` naming the file and tensor or key at fault.
-    """
+) -> tuple[type[MoEModel], MoEConfig, dict[str, torch.Tensor], ExpertLayout]:
+    """``(architecture, config, resident weights, stored expert layout)`` of a GGUF: the weights as a
+    Hugging Face checkpoint holds them (the converter's changes undone), dequantized into ``dtype`` on
+    ``device``, before any backend's model class rearranges them. Raises :class:`ModelLoadError`
+    naming the file and tensor or key at fault."""
     model = GGUFModel(path)
     arch_name, raw = read_config(model)
     arch: type[MoEModel] = get_architecture(raw["model_type"])
@@ -325,7 +324,18 @@ def load_gguf(
         weights[key] = torch.from_numpy(np.array(values, dtype=np.float32)).to(
             device=device, dtype=dtype, copy=True
         )
-    layout = expert_layout(model, config, biases=arch_name == gguf_gpt_oss.ARCH)
+    return arch, config, weights, expert_layout(model, config, biases=arch_name == gguf_gpt_oss.ARCH)
+
+
+def load_gguf(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[MoEModel, ExpertLayout]:
+    """Load a GGUF MoE: resident weights dequantized into ``dtype`` on ``device``, experts as a stored layout.
+
+    The returned model's ``slot_formats`` say how each layer's slots hold its experts. Raises
+    :class:`ModelLoadError` naming the file and tensor or key at fault.
+    """
+    arch, config, weights, layout = read_gguf(path, device, dtype)
     built = arch(config, weights)
     built.slot_formats = {layer: layout.slot_format(layer) for layer in range(config.num_layers)}
     return built, layout

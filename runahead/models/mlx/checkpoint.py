@@ -35,10 +35,11 @@ from runahead.models.description import ModelDescription, ModelLoadError, MoECon
 from runahead.models.layout import TensorRange, role_shape
 
 MATRICES = ("gate", "up", "down")
-
-GGUF_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral")
-"""Architectures the mlx backend runs from GGUF files (Q4_0 / Q8_0 / float experts)."""
 """The three matrices of a routed expert, in the order of their slot pools."""
+
+GGUF_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3_5_moe")
+"""Architectures the mlx backend runs from GGUF files (Q4_0 / Q8_0 / float experts); gpt-oss's
+expert biases are not in its slot pools yet."""
 
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -337,17 +338,16 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
     each expert matrix is one piece of the file's blocks, repacked when read."""
     import numpy as np
 
-    from runahead.models.gguf import load_gguf
+    from runahead.models.gguf import read_gguf
     from runahead.models.mlx.ggufq import GGUF_QUANT
 
-    model, layout = load_gguf(path)
-    config = model.config
+    arch, config, torch_weights, layout = read_gguf(path)  # as the checkpoint holds them
     if config.model_type not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: GGUF {config.model_type} models do not run on the mlx backend yet (its GGUF "
             f"architectures: {', '.join(GGUF_ARCHITECTURES)}); use --backend torch"
         )
-    weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in model.weights.items()}
+    weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in torch_weights.items()}
     if config.tie_word_embeddings:
         weights.pop("lm_head", None)
     mx.eval(list(weights.values()))
@@ -375,4 +375,4 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
                 )
             pieces.append(Piece(f"{r.role}.gguf", r.path, r.offset, r.nbytes, r.dtype, (out, inner)))
         experts[key] = tuple(pieces)
-    return Checkpoint(config, type(model), weights, {}, formats, experts, False)
+    return Checkpoint(config, arch, weights, {}, formats, experts, False)
