@@ -30,9 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from runahead.bottleneck import Hold, Outlook
 from runahead.cache import EntryState
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job
-from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping, Hold, Outlook
+from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 GroupSeconds = Callable[[Sequence[Job]], float]
 

@@ -10,9 +10,10 @@ The ablations swap the compute order (``fifo``), the fetch order (``global-srtf`
 ``fifo``: blocking order) or the grouping (``static:K:K:...``: fixed groups of request lanes that
 always compute together, the baseline of the paper's C1; ``sync`` is one static group of all).
 
-Beyond the paper, ``bottleneck`` grouping (:meth:`ComputeQueue.plan`, :func:`hold_until`) may hold
-the opportunistic group back until jobs of the same layer whose fetches are landing join it, when
-the link has enough revealed work to stay busy meanwhile (see the NOTE of :func:`hold_until`).
+Beyond the paper, ``bottleneck`` grouping (:meth:`ComputeQueue.plan`; the rule itself is
+:func:`runahead.bottleneck.hold_until`) may hold the opportunistic group back until jobs of the same
+layer whose fetches are landing join it, when the link has enough revealed work to stay busy
+meanwhile.
 
 No ``await``, no I/O, no clock: the actors wrap these classes, and the tests drive them directly.
 """
@@ -21,11 +22,18 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from runahead.bottleneck import (
+    HOLD_MIN_COMPUTE_SHARE,
+    Hold,
+    Outlook,
+    hold_until,
+    landing_order,
+    landing_times,
+)
 from runahead.cache import EntryState, ExpertCache
 from runahead.jobs import ExpertKey, Group, Job
 
@@ -166,7 +174,7 @@ class ComputeQueue:
                 landing, link_free_at = landing_times(
                     outlook.now, outlook.blocked, outlook.state, outlook.fetch_s
                 )
-                waiting = sorted(((landing[job.request], job) for job in same), key=_landing_order)
+                waiting = sorted(((landing[job.request], job) for job in same), key=landing_order)
                 members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
                 deadline = hold_until(
                     outlook.now, members, waiting, link_free_at, outlook.group_s, outlook.reveal_s
@@ -193,157 +201,6 @@ class ComputeQueue:
         if not candidates:
             return []
         return min(candidates, key=lambda members: min(entry[0] for entry in members))
-
-
-@dataclass(frozen=True, slots=True)
-class Outlook:
-    """What the runtime knows when the compute unit frees up (``bottleneck`` grouping's inputs).
-
-    ``blocked``: every job the JobIssuer holds for missing experts; ``state``: the expert cache's
-    state of a key; ``fetch_s``: link seconds one expert's read holds the link; ``reveal_s``: link
-    seconds of misses one computed job reveals on average; ``group_s``: compute seconds of one group
-    of the given jobs (one backend call). Times come from the caller's clock; nothing here reads one.
-    """
-
-    now: float
-    blocked: Sequence[Job]
-    state: Callable[[ExpertKey], EntryState | None]
-    fetch_s: float
-    reveal_s: float
-    group_s: Callable[[Sequence[Job]], float]
-    compute_share: float = 1.0
-    """Compute busy time over link busy time so far: above 1 the compute unit is the bottleneck."""
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """Compute nothing now: wait until a job becomes ready, or until ``deadline`` at the latest."""
-
-    deadline: float
-
-
-HOLD_COMPUTE_WEIGHT = 0.25
-"""What a second of compute saved is worth against a second of the window's makespan (hold_until)."""
-
-HOLD_STARVE_ALLOWANCE = 0.5
-"""A hold may starve the link longer than computing now would by at most this share of its group's
-compute (hold_until)."""
-
-HOLD_MIN_COMPUTE_SHARE = 0.9
-"""Groups are held only while compute busy time is at least this share of link busy time so far:
-with the compute unit far from the bottleneck, reading shared weights again costs nothing that
-matters, and the paper's rule keeps the link fed best."""
-
-
-def landing_times(
-    now: float,
-    blocked: Iterable[Job],
-    state: Callable[[ExpertKey], EntryState | None],
-    fetch_s: float,
-) -> tuple[dict[int, float], float]:
-    """When each blocked job should become ready, and when the link runs out of revealed work.
-
-    NOTE (a model of the ExpertFetcher, not a copy of its state): the reads in flight (``PENDING``)
-    land first, all of them by ``now + pending * fetch_s``; the other missing experts are read one
-    after another in ``SELECT_FETCH_JOB`` order (lowest progress, then fewest missing), an expert
-    two jobs need once. Returns ``{request: ready time}`` and the time the last read lands.
-    """
-    pending: set[ExpertKey] = set()
-    order = []
-    for job in blocked:
-        keys = [key for key in job.keys if state(key) is not EntryState.RESIDENT]
-        pending.update(key for key in keys if state(key) is EntryState.PENDING)
-        order.append(((job.epoch, job.layer, len(keys), job.request), job, keys))
-    cursor = now + len(pending) * fetch_s
-    lands = dict.fromkeys(pending, cursor)
-    ready_at = {}
-    for _, job, keys in sorted(order, key=_rank_of):
-        for key in keys:
-            if key not in lands:
-                cursor += fetch_s
-                lands[key] = cursor
-        ready_at[job.request] = max((lands[key] for key in keys), default=now)
-    return ready_at, cursor
-
-
-def hold_until(
-    now: float,
-    ready: Sequence[Job],
-    waiting: Sequence[tuple[float, Job]],
-    link_free_at: float,
-    group_s: Callable[[Sequence[Job]], float],
-    reveal_s: float,
-) -> float | None:
-    """Whether to hold the ready group back: None (compute it now) or the time to wait until.
-
-    NOTE (bottleneck-aware grouping, beyond the paper's opportunistic rule). ``ready`` are the
-    ready jobs of the lowest ready layer; ``waiting`` the blocked jobs of that layer with the time
-    each should become ready, soonest first. Option ``k`` waits for the first ``k`` of them and
-    computes one group; the others follow as one group once the last is ready (``k = 0`` is the
-    paper's rule). Each option is scored over that window: when the compute unit is done, and when
-    the link is: it runs out of revealed reads at ``link_free_at`` and gets ``reveal_s`` of new
-    reads per job once that job's gate has run, so a link starved by a held group shows in the
-    score. Score = ``max(compute done, link done) + HOLD_COMPUTE_WEIGHT * compute busy``; an option
-    that starves the link longer than computing now would, by more than
-    ``HOLD_STARVE_ALLOWANCE`` of its group's compute, is not taken (run ahead only as far as it
-    keeps the link busy; otherwise batch). Ties keep the shorter wait. Pure and deterministic.
-    """
-    best_k, best = 0, math.inf
-    starved_now = max(0.0, now + group_s(ready) - link_free_at)
-    for k in range(len(waiting) + 1):
-        start = now if k == 0 else max(now, waiting[k - 1][0])
-        first = [*ready, *(job for _, job in waiting[:k])]
-        busy = group_s(first)
-        done = start + busy
-        if k and done - link_free_at > starved_now + HOLD_STARVE_ALLOWANCE * busy:
-            continue
-        link = max(link_free_at, done) + len(first) * reveal_s
-        if k < len(waiting):
-            rest = [job for _, job in waiting[k:]]
-            rest_busy = group_s(rest)
-            done = max(done, waiting[-1][0]) + rest_busy
-            link = max(link, done) + len(rest) * reveal_s
-            busy += rest_busy
-        score = max(done, link) + HOLD_COMPUTE_WEIGHT * busy
-        if score < best - 1e-12:
-            best_k, best = k, score
-    return None if best_k == 0 else max(now, waiting[best_k - 1][0])
-
-
-def _landing_order(entry: tuple[float, Job]) -> tuple[float, int]:
-    return (entry[0], entry[1].request)
-
-
-class ComputeFit:
-    """Compute seconds of a group as ``shared + per_job * jobs``, least squares over observed groups.
-
-    For backends without a cost model: the scheduler observes every group it computes.
-    """
-
-    def __init__(self) -> None:
-        self.observed = 0
-        self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, sum y, sum x^2, sum xy
-
-    def observe(self, jobs: int, seconds: float) -> None:
-        self.observed += 1
-        sums = self._sums
-        sums[0] += jobs
-        sums[1] += seconds
-        sums[2] += jobs * jobs
-        sums[3] += jobs * seconds
-
-    def __call__(self, jobs: int) -> float:
-        """Estimated seconds for a group of ``jobs`` (0 before anything was observed)."""
-        n = self.observed
-        if not n:
-            return 0.0
-        sx, sy, sxx, sxy = self._sums
-        spread = n * sxx - sx * sx
-        if spread <= 1e-12:  # one group size seen so far: scale its mean
-            return sy / sx * jobs
-        per_job = max(0.0, (n * sxy - sx * sy) / spread)
-        shared = max(0.0, (sy - per_job * sx) / n)
-        return shared + per_job * jobs
 
 
 _rank_of = operator.itemgetter(0)  # of a ready entry (rank, arrival, job)

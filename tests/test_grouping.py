@@ -9,20 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runahead.backends.sim import FixedCosts, sim_token
+from runahead.bottleneck import HOLD_MIN_COMPUTE_SHARE, ComputeFit, Hold, Outlook, hold_until, landing_times
 from runahead.cache import EntryState
 from runahead.jobs import ExpertKey, Group, Job, RequestSpec
 from runahead.policy import parse_policy
-from runahead.scheduling import (
-    HOLD_MIN_COMPUTE_SHARE,
-    ComputeFit,
-    ComputeOrder,
-    ComputeQueue,
-    Grouping,
-    Hold,
-    Outlook,
-    hold_until,
-    landing_times,
-)
+from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 from simhelpers import random_trace, simulate
 

@@ -25,13 +25,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from runahead.backend import Backend, BrokenPromise
+from runahead.bottleneck import ComputeFit, Hold, Outlook
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RuntimeBroken
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
-from runahead.scheduling import ComputeFit, ComputeQueue, Hold, Outlook, StepBarrier
+from runahead.scheduling import ComputeQueue, StepBarrier
 
 
 class TokenSink(Protocol):
