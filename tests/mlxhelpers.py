@@ -31,11 +31,27 @@ QUANT_WIDTH: dict[str, dict[str, Any]] = {
 }
 """Expert widths that are whole 32-weight groups, so mlx-lm quantizes every expert matrix."""
 
+MLX_LM_PAPER: dict[str, dict[str, Any]] = {
+    "qwen3_5_moe": {  # mlx-lm places full attention by the interval, not layer_types
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "full_attention_interval": 2,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    },
+}
+"""The paper's architectures mlx-lm converts, with what their tiny models need for it (as for
+:data:`QUANT_WIDTH`); they are saved with stacked experts, the form mlx-lm's converter stacks."""
+
+HUB_MODEL_TYPE = {"qwen3_5_moe_text": "qwen3_5_moe", "gemma4_text": "gemma4"}
+"""transformers' text-only ``model_type`` -> the hub's (the only one mlx-lm knows)."""
+
 
 def hub_spelling(path: str | Path) -> None:
-    """Add the hub's ``num_experts`` and ``rope_theta`` keys to a folder's config.json (for mlx-lm)."""
+    """Add the hub's ``num_experts`` and ``rope_theta`` keys to a folder's config.json, and its
+    ``model_type`` (for mlx-lm)."""
     file = Path(path) / "config.json"
     config = json.loads(file.read_text())
+    config["model_type"] = HUB_MODEL_TYPE.get(config["model_type"], config["model_type"])
     if "num_local_experts" in config:
         config.setdefault("num_experts", config["num_local_experts"])
     rope = config.get("rope_parameters") or {}
@@ -45,6 +61,10 @@ def hub_spelling(path: str | Path) -> None:
 
 def build_mlx_model(arch: str, path: str | Path, *, quantized: bool = False, **overrides: Any) -> Path:
     """A tiny float32 ``arch`` folder mlx-lm loads; with ``quantized`` widths mlx-lm fully quantizes."""
+    if arch in MLX_LM_PAPER:
+        folder = build_tiny_model(arch, path, stacked=True, **{**MLX_LM_PAPER[arch], **overrides})
+        hub_spelling(folder)
+        return folder
     extra = {**MLX_OVERRIDES.get(arch, {}), **(QUANT_WIDTH[arch] if quantized else {}), **overrides}
     folder = build_tiny_model(arch, path, **extra)
     hub_spelling(folder)

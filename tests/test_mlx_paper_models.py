@@ -5,6 +5,10 @@ constant-initialised weights randomised, linear-attention and sliding layers mix
 requests at once, a cache of 8 of the model's experts and prompts in chunks of 2, under ``sync``,
 ``runahead``, ``prefetch-gate`` and a static grouping. Their tokens equal transformers' and the
 torch backend's. Skipped without MLX.
+
+The same architectures converted by ``mlx_lm.convert`` to 4 bits (the mlx-community checkpoints'
+format: mlx-lm's renamed, re-laid-out tensors, every expert matrix quantized) give mlx-lm's own
+greedy tokens for the same folder, under ``sync`` and ``runahead`` with the same small cache.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ pytest.importorskip("mlx.core")
 
 from runahead.backends.mlx import MLXBackend
 
-from mlxhelpers import run_requests, transformers_greedy
+from mlxhelpers import (
+    MLX_LM_PAPER,
+    build_mlx_model,
+    convert,
+    mlx_lm_greedy,
+    run_requests,
+    transformers_greedy,
+)
 from modelhelpers import build_tiny_model
 
 TOKENS = 10
@@ -55,3 +66,26 @@ def test_the_torch_backend_gives_the_same_tokens(model: tuple[Path, list[list[in
     path, expected = model
     tokens = run(TorchBackend.open(str(path), cache_slots=SLOTS), "runahead")
     assert [tokens[i] for i in range(len(PROMPTS))] == expected
+
+
+@pytest.fixture(scope="module", params=list(MLX_LM_PAPER))
+def converted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[list[int]]]:
+    """A tiny model converted by ``mlx_lm.convert`` at 4 bits, and mlx-lm's greedy tokens for it."""
+    pytest.importorskip("mlx_lm")
+    root = tmp_path_factory.mktemp(request.param)
+    q4 = convert(build_mlx_model(request.param, root / "f32"), root / "q4")
+    return q4, mlx_lm_greedy(q4, PROMPTS, TOKENS)
+
+
+@pytest.mark.parametrize("policy", ["sync", "runahead"])
+def test_mlx_lm_conversions_give_mlx_lms_tokens(converted: tuple[Path, list[list[int]]], policy: str) -> None:
+    path, expected = converted
+    backend = MLXBackend.open(str(path), cache_slots=SLOTS, store="disk", device="cpu")
+    tokens = run(backend, policy)
+    assert [tokens[i] for i in range(len(PROMPTS))] == expected
+    assert backend.store.reads > SLOTS  # experts were evicted and read again
+    checkpoint = backend.checkpoint
+    assert checkpoint.mlx_format and checkpoint.quant  # resident matrices quantized too
+    assert all(f.quant is not None and f.quant.bits == 4 for f in checkpoint.formats.values())

@@ -112,11 +112,27 @@ class Checkpoint:
     """``gate`` / ``up`` / ``down`` -> the format every layer's experts have."""
     experts: dict[tuple[int, int], tuple[Piece, ...]]
     mlx_format: bool
+    sanitized: bool = False
+    """The folder holds what mlx-lm's ``sanitize`` made of the hub's tensors: convolutions stored
+    ``[C, kernel, in]`` (turned back to ``[C, in, kernel]`` here), and whatever else the
+    architecture's mlx-lm code rewrote (Qwen3.5: its norm weights already ``1 + w``)."""
 
     @property
     def expert_nbytes(self) -> int:
         """Bytes of one expert on the link."""
         return sum(f.nbytes for f in self.formats.values())
+
+
+MLX_LM_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."))
+"""Where mlx-lm's multimodal wrappers (Qwen3.5, Gemma 4) keep the text model's tensors, and the
+names they are read under here."""
+
+
+def _mlx_lm_name(name: str) -> str:
+    for prefix, canonical in MLX_LM_PREFIXES:
+        if name.startswith(prefix):
+            return canonical + name[len(prefix) :]
+    return name
 
 
 def _quantization(raw: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -128,7 +144,7 @@ def _quantization(raw: Mapping[str, Any]) -> dict[str, Any] | None:
     mode = entry.get("mode", "affine")
     if mode != "affine":
         raise ModelLoadError(f"config.json: quantization mode {mode!r} is not supported (only 'affine')")
-    return entry
+    return {_mlx_lm_name(key): value for key, value in entry.items()}
 
 
 def _quant_of(entry: Mapping[str, Any] | None, module: str, tensor: str) -> Quant:
@@ -188,11 +204,12 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> Checkpoint:
     arch = get_architecture(str(raw.get("model_type")))
     config = arch.parse_config(raw)
     entry = _quantization(raw)
-    infos = read_headers(weight_files(path))
+    infos = {_mlx_lm_name(name): info for name, info in read_headers(weight_files(path)).items()}
     names, shapes = arch.weight_names(config), arch.weight_shapes(config)
     weights: dict[str, mx.array] = {}
     quant: dict[str, Quant] = {}
     arrays: dict[str, dict[str, mx.array]] = {}
+    sanitized = False
 
     def array(info: Any) -> mx.array:
         if info.path not in arrays:
@@ -217,11 +234,15 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> Checkpoint:
                 weights[f"{key}.{part}"] = _cast(array(infos[f"{module}.{part}"]), dtype)
             continue
         info = infos[name]
-        if info.shape != shape:
+        turned = len(shape) == 3 and shape[1] != shape[2] and info.shape == (shape[0], shape[2], shape[1])
+        if info.shape != shape and not turned:
             raise ModelLoadError(f"tensor {name}: expected shape {list(shape)}, found {list(info.shape)}")
         if info.dtype not in ("F32", "F16", "BF16"):
             raise ModelLoadError(f"tensor {name}: unsupported dtype {info.dtype}")
         weights[key] = _cast(array(info), dtype)
+        if turned:  # mlx-lm's Conv1d layout [out, kernel, in]
+            weights[key] = weights[key].swapaxes(1, 2)
+            sanitized = True
     mx.eval(list(weights.values()))
     arrays.clear()  # drop the lazily loaded expert tensors: experts come through the slots
     switch = _switch_prefix(arch, config, infos)
@@ -229,7 +250,7 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> Checkpoint:
         formats, experts = _mlx_experts(config, infos, entry, switch)
     else:
         formats, experts = _hf_experts(arch, config, infos)
-    return Checkpoint(config, arch, weights, quant, formats, experts, switch is not None)
+    return Checkpoint(config, arch, weights, quant, formats, experts, switch is not None, sanitized)
 
 
 def _cast(a: mx.array, dtype: Any) -> mx.array:

@@ -7,8 +7,11 @@ an output gate, with per-head q/k norms and partial RoPE; every RMSNorm but the 
 gated one scales by ``1 + w``. The MoE (softmax router, top-k renormalised, sigmoid-gated shared
 expert) is the shared one of :class:`runahead.models.mlx.base.MLXModel`.
 
-Hugging Face folders only (the hub's multimodal wrapper or transformers' text-only model): mlx-lm
-rewrites this architecture's norms and convolution on conversion, and that format is not read yet.
+Hugging Face folders (the hub's multimodal wrapper or transformers' text-only model) and mlx-lm's
+conversions of them (the mlx-community checkpoints, float or quantized): mlx-lm's ``sanitize``
+stores the convolution as ``[C, kernel, 1]`` (the checkpoint turns it back) and the norms as
+``1 + w`` (:meth:`Qwen3_5MoeMLX.norm` then adds nothing); its quantized ``q_proj`` splits by rows
+as the float one does.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from runahead.models.description import ModelLoadError
 from runahead.models.mlx.base import MLXModel, Segment
 from runahead.models.mlx.checkpoint import Checkpoint
 
@@ -46,18 +48,24 @@ class Qwen3_5MoeMLX(MLXModel):
     def __init__(self, checkpoint: Checkpoint) -> None:
         super().__init__(checkpoint)
         c = self.config
-        if self.quant:
-            raise ModelLoadError("quantized qwen3_5_moe folders do not run on the mlx backend yet")
+        self.norm_offset = 0.0 if checkpoint.sanitized else 1.0
         for layer, kind in enumerate(c.layer_types):
-            if kind == "full_attention":  # each head's query rows, then its gate rows
-                both = self.weights[f"{layer}.q_proj"].reshape(c.num_attention_heads, 2, c.head_dim, -1)
-                self.weights[f"{layer}.q_proj"] = both[:, 0].reshape(-1, both.shape[-1])
-                self.weights[f"{layer}.q_gate"] = both[:, 1].reshape(-1, both.shape[-1])
+            if kind != "full_attention":
+                continue
+            p = f"{layer}.q_proj"
+            if p in self.quant:
+                self.quant[f"{layer}.q_gate"] = self.quant[p]
+            for part in ("", ".scales", ".biases"):  # each head's query rows, then its gate rows
+                if p + part in self.weights:
+                    both = self.weights[p + part].reshape(c.num_attention_heads, 2, c.head_dim, -1)
+                    self.weights[p + part] = both[:, 0].reshape(-1, both.shape[-1])
+                    self.weights[f"{layer}.q_gate{part}"] = both[:, 1].reshape(-1, both.shape[-1])
         mx.eval(list(self.weights.values()))
 
     def norm(self, x: mx.array, name: str) -> mx.array:
-        """RMSNorm scaling by ``1 + w`` (Qwen3.5 stores its norm weights centred at zero)."""
-        return mx.fast.rms_norm(x, 1.0 + self.weights[name], self.config.rms_norm_eps)
+        """RMSNorm scaling by ``1 + w`` (Qwen3.5 stores its norm weights centred at zero; mlx-lm's
+        conversions store ``1 + w``)."""
+        return mx.fast.rms_norm(x, self.norm_offset + self.weights[name], self.config.rms_norm_eps)
 
     def layer_state(self, layer: int) -> Any:
         """A recurrent state for linear-attention layers, keys and values for the others."""
