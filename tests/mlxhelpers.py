@@ -38,12 +38,33 @@ MLX_LM_PAPER: dict[str, dict[str, Any]] = {
         "full_attention_interval": 2,
         "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
     },
+    "gemma4": {"hidden_size": 64, "moe_intermediate_size": 32, "tie_word_embeddings": True},
 }
 """The paper's architectures mlx-lm converts, with what their tiny models need for it (as for
 :data:`QUANT_WIDTH`); they are saved with stacked experts, the form mlx-lm's converter stacks."""
 
-HUB_MODEL_TYPE = {"qwen3_5_moe_text": "qwen3_5_moe", "gemma4_text": "gemma4"}
+HUB_MODEL_TYPE = {"qwen3_5_moe_text": "qwen3_5_moe"}
 """transformers' text-only ``model_type`` -> the hub's (the only one mlx-lm knows)."""
+
+
+def hub_wrap(path: str | Path) -> None:
+    """Rewrite a transformers ``gemma4_text`` folder as the hub's Gemma 4 (the only one mlx-lm's
+    converter reads): the config under ``text_config`` with the hub's ``global_head_dim`` /
+    ``num_global_key_value_heads`` (transformers 5 writes ``per_layer_config``), the tensors under
+    ``model.language_model.``."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = Path(path)
+    inner = json.loads((folder / "config.json").read_text())
+    for layer in (inner.pop("per_layer_config", None) or {}).values():  # transformers 5's spelling
+        inner["global_head_dim"] = layer["head_dim"]
+        inner["num_global_key_value_heads"] = layer["num_key_value_heads"]
+    keep = ("tie_word_embeddings", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")
+    outer = {"model_type": "gemma4", "text_config": inner, **{k: inner[k] for k in keep if k in inner}}
+    (folder / "config.json").write_text(json.dumps(outer, indent=2))
+    file = folder / "model.safetensors"
+    tensors = load_file(str(file))
+    save_file({"model.language_model." + k.removeprefix("model."): v for k, v in tensors.items()}, str(file))
 
 
 def hub_spelling(path: str | Path) -> None:
@@ -64,6 +85,8 @@ def build_mlx_model(arch: str, path: str | Path, *, quantized: bool = False, **o
     if arch in MLX_LM_PAPER:
         folder = build_tiny_model(arch, path, stacked=True, **{**MLX_LM_PAPER[arch], **overrides})
         hub_spelling(folder)
+        if arch == "gemma4":
+            hub_wrap(folder)
         return folder
     extra = {**MLX_OVERRIDES.get(arch, {}), **(QUANT_WIDTH[arch] if quantized else {}), **overrides}
     folder = build_tiny_model(arch, path, **extra)

@@ -8,7 +8,9 @@ Two kinds of folder, told apart by their tensors:
   at load, Q4_0 / Q8_0 experts repacked on the link as MLX 4 / 8-bit affine, group 32, exactly
   (:mod:`runahead.models.mlx.ggufq`); F16 / BF16 / F32 experts as floats;
 - mlx-lm's own format (``mlx_lm.convert`` output, the mlx-community checkpoints): experts stacked
-  as ``<moe>.switch_mlp.{gate,up,down}_proj.weight [E, out, in']``, and every matrix mlx-lm
+  as ``<moe>.switch_mlp.{gate,up,down}_proj.weight [E, out, in']`` (Gemma 4:
+  ``experts.switch_glu``), multimodal wrappers' text model under ``language_model.model.``
+  (:data:`MLX_LM_PREFIXES`), convolutions ``[C, kernel, in]``, and every matrix mlx-lm
   quantized stored as ``weight`` (packed ``uint32``) + ``scales`` + ``biases`` with the
   ``quantization`` entry of ``config.json`` (global ``group_size`` / ``bits`` and per-module
   overrides) saying how. Each tensor is checked against that entry: a mismatch is refused with
@@ -258,9 +260,10 @@ def _cast(a: mx.array, dtype: Any) -> mx.array:
 
 
 def _switch_prefix(arch: type[ModelDescription], config: MoEConfig, infos: Mapping[str, Any]) -> str | None:
-    """mlx-lm's ``model.layers.{layer}.<moe>.switch_mlp`` spelling of this checkpoint, or None (HF)."""
-    for moe in arch.moe_prefixes:
-        pattern = f"model.layers.{{layer}}.{moe}.switch_mlp"
+    """mlx-lm's ``model.layers.{layer}.<moe>.switch_mlp`` (Gemma 4: ``experts.switch_glu``) spelling
+    of this checkpoint, or None (HF)."""
+    for switch in (*(f"{moe}.switch_mlp" for moe in arch.moe_prefixes), "experts.switch_glu"):
+        pattern = f"model.layers.{{layer}}.{switch}"
         if pattern.format(layer=0) + ".gate_proj.weight" in infos:
             return pattern
     return None

@@ -8,7 +8,8 @@ on the residual (weightless norm, learnt scale, softmax top-k renormalised, per-
 GeGLU experts read ``pre_feedforward_layernorm_2``; the layer's end adds the normed sum of the
 dense MLP and the experts and scales by ``layer_scalar``; logits are soft-capped.
 
-Hugging Face folders only (mlx-lm's converted Gemma 4 folders are not read yet).
+Hugging Face folders and mlx-lm's conversions of them (float or quantized; experts under
+``experts.switch_glu``, the checkpoint's names otherwise unchanged).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from runahead.models.description import ModelLoadError
 from runahead.models.mlx.base import MLXModel
 from runahead.models.mlx.checkpoint import Checkpoint
 
@@ -27,8 +27,6 @@ class Gemma4MLX(MLXModel):
 
     def __init__(self, checkpoint: Checkpoint) -> None:
         super().__init__(checkpoint)
-        if self.quant:
-            raise ModelLoadError("quantized gemma4 folders do not run on the mlx backend yet")
         c: Any = self.config
         self.arch: Any = checkpoint.arch
         angles = int(c.full_rotary_fraction * c.global_head_dim // 2)
