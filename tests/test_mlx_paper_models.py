@@ -89,3 +89,17 @@ def test_mlx_lm_conversions_give_mlx_lms_tokens(converted: tuple[Path, list[list
     checkpoint = backend.checkpoint
     assert checkpoint.mlx_format and checkpoint.quant  # resident matrices quantized too
     assert all(f.quant is not None and f.quant.bits == 4 for f in checkpoint.formats.values())
+
+
+def test_mlx_lm_gpt_oss_folders_are_refused_by_name(tmp_path: Path) -> None:
+    """mlx-lm converts gpt-oss only from the hub's MXFP4 tensors; its folders are refused, naming it."""
+    import json
+
+    from runahead.models.description import ModelLoadError
+
+    path = build_tiny_model("gpt_oss", tmp_path / "gpt_oss")
+    config = json.loads((path / "config.json").read_text())
+    config["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"mlx-lm's gpt_oss folders .* do not run on the mlx backend"):
+        MLXBackend.open(str(path), cache_slots=SLOTS)

@@ -43,6 +43,10 @@ GGUF_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3_5_moe
 """Architectures the mlx backend runs from GGUF files (Q4_0 / Q8_0 / float experts); gpt-oss's
 expert biases are not in its slot pools yet."""
 
+MLX_LM_REFUSED = ("gpt_oss",)
+"""Architectures whose mlx-lm folders are refused: mlx-lm makes gpt-oss's only from the hub's
+MXFP4 tensors (its ``sanitize`` renames ``*_blocks``), experts with biases, not read here yet."""
+
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
 
@@ -207,6 +211,13 @@ def load_checkpoint(path: str | Path, dtype: Any = None) -> Checkpoint:
     config = arch.parse_config(raw)
     entry = _quantization(raw)
     infos = {_mlx_lm_name(name): info for name, info in read_headers(weight_files(path)).items()}
+    if config.model_type in MLX_LM_REFUSED and (
+        entry is not None or "model.layers.0.mlp.experts.gate_proj.weight" in infos
+    ):
+        raise ModelLoadError(
+            f"{path}: mlx-lm's {config.model_type} folders (quantized, or experts as "
+            "mlp.experts.gate_proj) do not run on the mlx backend yet; use the Hugging Face folder"
+        )
     names, shapes = arch.weight_names(config), arch.weight_shapes(config)
     weights: dict[str, mx.array] = {}
     quant: dict[str, Quant] = {}

@@ -7,7 +7,8 @@ passes the layer's sinks to ``mx.fast.scaled_dot_product_attention``; YaRN's int
 frequencies go to ``mx.fast.rope`` as periods and its attention factor scales q and k after RoPE.
 
 Hugging Face folders with dequantized (float) experts only: the hub's MXFP4 experts are refused by
-the loader, as on the torch backend.
+the loader, as on the torch backend, and mlx-lm's gpt-oss folders (which mlx-lm makes only from
+those MXFP4 tensors) by :func:`runahead.models.mlx.checkpoint.load_checkpoint`.
 """
 
 from __future__ import annotations
