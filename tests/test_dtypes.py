@@ -11,7 +11,7 @@ import torch
 
 from runahead.backends.dtypes import CANDIDATES, DTYPE_CHOICES, fastest_cpu_dtype, resolve_dtype
 from runahead.backends.torch import TorchBackend
-from runahead.cli import DTYPES, build_parser
+from runahead.cli_parser import DTYPES, build_parser
 from runahead.jobs import RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
 
