@@ -136,7 +136,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
     return {
         **asdict(point),
         "backend": point.backend,
-        "compute_dtype": str(getattr(backend.model, "dtype", point.dtype)).removeprefix("torch."),
+        "compute_dtype": backend.compute_dtype,
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),

@@ -49,6 +49,7 @@ def test_bench_with_the_mlx_backend_writes_rows(q4: tuple[Path, list[int]], tmp_
     assert main([*argv, "--out", str(tmp_path), "--quiet"]) == 0
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [row["backend"] for row in rows] == ["mlx", "mlx"]
+    assert [row["compute_dtype"] for row in rows] == ["float32", "float32"]  # auto on MLX's CPU device
     assert all(row["tokens"] == 16 and row["fetch_s"] > 0 and row["compute_s"] > 0 for row in rows)
     assert rows[0]["token_digest"] == rows[1]["token_digest"]  # the same tokens under both policies
 

@@ -168,6 +168,11 @@ class MLXBackend:
         """Cache slots the backend holds: the runtime's ``cache_slots``."""
         return self.pools.num_slots
 
+    @property
+    def compute_dtype(self) -> str:
+        """The float dtype experts and activations compute in (``float32``, ``bfloat16``, ...)."""
+        return str(self.pools.dtype).removeprefix("mlx.core.")
+
     # -- request lifecycle -------------------------------------------------------------------------
 
     def open_request(self, request: RequestSpec) -> None:

@@ -147,6 +147,11 @@ class TorchBackend:
         return cls(model, expert_store, slots, **options)
 
     @property
+    def compute_dtype(self) -> str:
+        """The dtype the model computes in (``float32``, ``bfloat16``, ...)."""
+        return str(self.model.dtype).removeprefix("torch.")
+
+    @property
     def num_slots(self) -> int:
         """Cache slots the backend holds: the runtime's ``cache_slots``."""
         return int(self.slots.num_slots)

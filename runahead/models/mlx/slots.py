@@ -44,6 +44,7 @@ class SlotPools:
         if num_slots < 1:
             raise ValueError(f"the expert cache needs at least one slot, got {num_slots}")
         self.num_slots = num_slots
+        self.dtype = dtype  # of the float pools (quantized weights are uint32 whatever it is)
         self.pools: dict[str, mx.array] = {}
         for fmt in checkpoint.formats.values():
             for part, shape, file_dtype in fmt.tensors:
