@@ -28,18 +28,24 @@ import numpy as np
 THREADS = 2  # as runahead's torch (2 intra-op threads on this machine)
 
 
-def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[int], np.ndarray[Any, Any]]:
-    """llama.cpp's greedy tokens after ``prompt`` and its logits at the prompt's last position."""
+def open_llama(path: Path, threads: int) -> Any:
+    """llama.cpp on the GGUF ``path`` with ``threads`` threads; ``logits_all``, or ``scores`` of the
+    last position read as zeros."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(
+    return llama_cpp.Llama(
         model_path=str(path),
         n_ctx=256,
-        n_threads=THREADS,
-        n_threads_batch=THREADS,
+        n_threads=threads,
+        n_threads_batch=threads,
         logits_all=True,
         verbose=False,
     )
+
+
+def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[int], np.ndarray[Any, Any]]:
+    """llama.cpp's greedy tokens after ``prompt`` and its logits at the prompt's last position."""
+    llm = open_llama(path, THREADS)
     llm.eval(prompt)
     first = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
     out: list[int] = []
@@ -97,16 +103,7 @@ def llama_cpp_decode(path: Path, steps: int, threads: int) -> dict[str, Any]:
     """llama.cpp's single-request greedy decode on ``path``: tokens/s over ``steps`` tokens after a warm-up,
     and the median token time (llama.cpp's threads spin at barriers, so a preempted thread stalls the
     others: on a loaded machine the median says more than the mean)."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=256,
-        n_threads=threads,
-        n_threads_batch=threads,
-        logits_all=True,
-        verbose=False,
-    )
+    llm = open_llama(path, threads)
     llm.eval([11, 42, 7, 99])
     times = []
     for step in range(4 + steps):  # 4 warm-up tokens

@@ -11,21 +11,14 @@ is the new grouping's tokens/s over the paper's (the "never below" target is ``>
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from typing import Any
 
+from summarize import load  # bench/summarize.py: the rows of results.jsonl files
+
 PAPER = "runahead/grouping=opportunistic"
 NEW = "runahead/grouping=bottleneck"
-
-
-def load(paths: list[str]) -> list[dict[str, Any]]:
-    rows = []
-    for path in paths:
-        with open(path) as lines:
-            rows.extend(json.loads(line) for line in lines if line.strip())
-    return rows
 
 
 def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
