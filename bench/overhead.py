@@ -1,0 +1,160 @@
+"""The runtime's own cost, before and after a change, side by side; and whether decisions changed.
+
+Runs each point in a fresh process per source tree (``--before DIR`` and ``--after DIR``: folders
+holding a ``runahead`` package), alternating the trees point by point and repeat by repeat, and
+keeps the minimum CPU time of each (a loaded machine only ever adds time). The points are the
+zero-cost bench's (Qwen3.6 on the Thor profile: sync and runahead at 8 and 16 requests, cache 1.0
+and 0.3) and, with ``--real``, the same with the Thor's costs. ``--check`` instead runs a fixed set
+of simulated runs (every policy and knob, both profiles, chat and agentic, zero cost with
+prefetch) in both trees and compares what they decided: every compute and read record, every
+token time and the cache counters, as one digest per run.
+
+    python bench/overhead.py --before /tmp/main-src --after . --reps 3
+    python bench/overhead.py --before /tmp/main-src --after . --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+POLICIES = ("sync", "runahead")
+CONCURRENCIES = (8, 16)
+FRACTIONS = (1.0, 0.3)
+
+CHECKS: list[dict[str, Any]] = [
+    *(
+        {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": p, "concurrency": c, "cache_fraction": 0.3}
+        for p in ("sync", "runahead", "prefetch-gate", "prefetch-history", "runahead+prefetch")
+        for c in (2, 16)
+    ),
+    *(
+        {"model": "gemma4-26b-a4b", "profile": "mac-mini", "policy": p, "concurrency": 8, "cache_fraction": 0.2}
+        for p in (
+            "runahead/fetch=global-srtf",
+            "runahead/compute=fifo",
+            "runahead/grouping=static:2:2:2:2",
+            "runahead/grouping=bottleneck",
+            "runahead/fetch=fifo",
+        )
+    ),
+    {"model": "gemma4-26b-a4b", "profile": "thor", "policy": "runahead", "concurrency": 8,
+     "cache_fraction": 0.3, "step_barrier": False},
+    {"model": "gemma4-26b-a4b", "profile": "thor", "policy": "runahead", "concurrency": 8,
+     "cache_fraction": 0.3, "eviction": "lru"},
+    {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": "runahead", "concurrency": 4,
+     "cache_fraction": 0.3, "workload": "agentic", "prefill_chunk": 256},
+    {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": "sync", "concurrency": 4,
+     "cache_fraction": 0.3, "workload": "agentic", "prefill_chunk": 256},
+    {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": "runahead+prefetch", "concurrency": 8,
+     "cache_fraction": 0.3, "zero_cost": True},
+    {"model": "olmoe-1b-7b", "profile": "mac-mini", "policy": "runahead/grouping=bottleneck",
+     "concurrency": 16, "cache_fraction": 0.1},
+]
+"""Runs whose decisions ``--check`` compares (16 steps each, 4 warm-up steps)."""
+
+WORKER = """
+import hashlib, json, sys
+from runahead.bench import BenchPoint, run_point
+fields = json.loads(sys.argv[1])
+captured = []
+row = run_point(BenchPoint(**fields), timeline=captured.append)
+recorder, cache = captured[0].recorder, captured[0].cache
+digest = hashlib.sha256(
+    repr((recorder.computes, recorder.fetches, recorder.tokens, cache.stats)).encode()
+).hexdigest()[:16]
+keep = ("cpu_s", "jobs", "groups_run", "reads", "tokens_per_s")
+print(json.dumps({"digest": digest, **{k: row[k] for k in keep}}))
+"""
+
+
+def measure(tree: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Run one point in a fresh process on the ``runahead`` package under ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, json.dumps(fields)], env=env, capture_output=True, text=True
+    )
+    if done.returncode:
+        raise RuntimeError(f"{tree}: {fields}: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def overhead_points(steps: int, real: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "model": "qwen3.6-35b-a3b",
+            "profile": "thor",
+            "policy": policy,
+            "concurrency": concurrency,
+            "cache_fraction": fraction,
+            "steps": steps,
+            "zero_cost": not real,
+        }
+        for concurrency in CONCURRENCIES
+        for fraction in FRACTIONS
+        for policy in POLICIES
+    ]
+
+
+def compare_cost(before: Path, after: Path, steps: int, reps: int, real: bool) -> None:
+    header = (
+        f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {'groups':>6} {'reads':>6} "
+        f"{'before us/job':>13} {'after us/job':>12} {'after/before':>12}"
+    )
+    print(header)
+    for fields in overhead_points(steps, real):
+        best: dict[str, dict[str, Any]] = {}
+        for _ in range(reps):
+            for name, tree in (("before", before), ("after", after)):
+                row = measure(tree, fields)
+                if name not in best or row["cpu_s"] < best[name]["cpu_s"]:
+                    best[name] = row
+        b, a = best["before"], best["after"]
+        if (b["jobs"], b["groups_run"], b["reads"]) != (a["jobs"], a["groups_run"], a["reads"]):
+            print(f"  note: different work before {b} and after {a}")
+        per_b, per_a = b["cpu_s"] / b["jobs"] * 1e6, a["cpu_s"] / a["jobs"] * 1e6
+        print(
+            f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
+            f"{fields['cache_fraction']:>5.2f} {a['jobs']:>6} {a['groups_run']:>6} {a['reads']:>6} "
+            f"{per_b:>13.1f} {per_a:>12.1f} {per_a / per_b:>12.2f}",
+            flush=True,
+        )
+
+
+def compare_decisions(before: Path, after: Path) -> int:
+    differ = 0
+    for check in CHECKS:
+        fields = {"steps": 16, "warmup_steps": 4, **check}
+        b, a = measure(before, fields), measure(after, fields)
+        same = b["digest"] == a["digest"]
+        differ += not same
+        label = " ".join(f"{k}={v}" for k, v in check.items() if k not in ("model", "profile"))
+        print(f"{'same' if same else 'DIFFERENT':<9} {check['profile']:<8} {check['model']:<16} {label}", flush=True)
+    print(f"{len(CHECKS) - differ} of {len(CHECKS)} runs decided the same in both trees")
+    return 1 if differ else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, required=True, help="folder holding the old runahead package")
+    parser.add_argument("--after", type=Path, default=Path("."), help="folder holding the new one")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=3, help="runs of each point per tree (the minimum counts)")
+    parser.add_argument("--real", action="store_true", help="the Thor's costs instead of zero cost")
+    parser.add_argument("--check", action="store_true", help="compare decisions instead of cost")
+    args = parser.parse_args()
+    if args.check:
+        return compare_decisions(args.before, args.after)
+    compare_cost(args.before, args.after, args.steps, args.reps, args.real)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
