@@ -16,7 +16,6 @@ token time and the cache counters, as one digest per run.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -35,7 +34,7 @@ CHECKS: list[dict[str, Any]] = [
         for c in (2, 16)
     ),
     *(
-        {"model": "gemma4-26b-a4b", "profile": "mac-mini", "policy": p, "concurrency": 8, "cache_fraction": 0.2}
+        {"model": "gemma4-26b-a4b", "profile": "mac-mini", "policy": p, "concurrency": 8}
         for p in (
             "runahead/fetch=global-srtf",
             "runahead/compute=fifo",
@@ -44,18 +43,55 @@ CHECKS: list[dict[str, Any]] = [
             "runahead/fetch=fifo",
         )
     ),
-    {"model": "gemma4-26b-a4b", "profile": "thor", "policy": "runahead", "concurrency": 8,
-     "cache_fraction": 0.3, "step_barrier": False},
-    {"model": "gemma4-26b-a4b", "profile": "thor", "policy": "runahead", "concurrency": 8,
-     "cache_fraction": 0.3, "eviction": "lru"},
-    {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": "runahead", "concurrency": 4,
-     "cache_fraction": 0.3, "workload": "agentic", "prefill_chunk": 256},
-    {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": "sync", "concurrency": 4,
-     "cache_fraction": 0.3, "workload": "agentic", "prefill_chunk": 256},
-    {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": "runahead+prefetch", "concurrency": 8,
-     "cache_fraction": 0.3, "zero_cost": True},
-    {"model": "olmoe-1b-7b", "profile": "mac-mini", "policy": "runahead/grouping=bottleneck",
-     "concurrency": 16, "cache_fraction": 0.1},
+    {
+        "model": "gemma4-26b-a4b",
+        "profile": "thor",
+        "policy": "runahead",
+        "concurrency": 8,
+        "cache_fraction": 0.3,
+        "step_barrier": False,
+    },
+    {
+        "model": "gemma4-26b-a4b",
+        "profile": "thor",
+        "policy": "runahead",
+        "concurrency": 8,
+        "cache_fraction": 0.3,
+        "eviction": "lru",
+    },
+    {
+        "model": "qwen3.6-35b-a3b",
+        "profile": "thor",
+        "policy": "runahead",
+        "concurrency": 4,
+        "cache_fraction": 0.3,
+        "workload": "agentic",
+        "prefill_chunk": 256,
+    },
+    {
+        "model": "qwen3.6-35b-a3b",
+        "profile": "thor",
+        "policy": "sync",
+        "concurrency": 4,
+        "cache_fraction": 0.3,
+        "workload": "agentic",
+        "prefill_chunk": 256,
+    },
+    {
+        "model": "qwen3.6-35b-a3b",
+        "profile": "thor",
+        "policy": "runahead+prefetch",
+        "concurrency": 8,
+        "cache_fraction": 0.3,
+        "zero_cost": True,
+    },
+    {
+        "model": "olmoe-1b-7b",
+        "profile": "mac-mini",
+        "policy": "runahead/grouping=bottleneck",
+        "concurrency": 16,
+        "cache_fraction": 0.1,
+    },
 ]
 """Runs whose decisions ``--check`` compares (16 steps each, 4 warm-up steps)."""
 
@@ -131,22 +167,25 @@ def compare_cost(before: Path, after: Path, steps: int, reps: int, real: bool) -
 def compare_decisions(before: Path, after: Path) -> int:
     differ = 0
     for check in CHECKS:
-        fields = {"steps": 16, "warmup_steps": 4, **check}
+        fields = {"steps": 16, "warmup_steps": 4, "cache_fraction": 0.2, **check}
         b, a = measure(before, fields), measure(after, fields)
         same = b["digest"] == a["digest"]
         differ += not same
         label = " ".join(f"{k}={v}" for k, v in check.items() if k not in ("model", "profile"))
-        print(f"{'same' if same else 'DIFFERENT':<9} {check['profile']:<8} {check['model']:<16} {label}", flush=True)
+        verdict = "same" if same else "DIFFERENT"
+        print(f"{verdict:<9} {check['profile']:<8} {check['model']:<16} {label}", flush=True)
     print(f"{len(CHECKS) - differ} of {len(CHECKS)} runs decided the same in both trees")
     return 1 if differ else 0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--before", type=Path, required=True, help="folder holding the old runahead package")
     parser.add_argument("--after", type=Path, default=Path("."), help="folder holding the new one")
     parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=3, help="runs of each point per tree (the minimum counts)")
+    parser.add_argument("--reps", type=int, default=3, help="runs of each point per tree (minimum counts)")
     parser.add_argument("--real", action="store_true", help="the Thor's costs instead of zero cost")
     parser.add_argument("--check", action="store_true", help="compare decisions instead of cost")
     args = parser.parse_args()

@@ -16,8 +16,10 @@ job pins it counts as a wasted prefetch.
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Iterable, Sequence
+from collections import _count_elements  # type: ignore[attr-defined]
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from runahead.eviction import EvictionPolicy, make_eviction
 from runahead.jobs import ExpertKey
@@ -27,16 +29,6 @@ class EntryState(enum.Enum):
     WANTED = "wanted"
     PENDING = "pending"
     RESIDENT = "resident"
-
-
-@dataclass(slots=True)
-class Entry:
-    """One expert the cache knows about."""
-
-    state: EntryState
-    refcount: int = 0
-    slot: int | None = None
-    prefetched_unused: bool = False
 
 
 @dataclass(slots=True)
@@ -57,7 +49,15 @@ class CacheFullError(RuntimeError):
 
 
 class ExpertCache:
-    """``slots`` expert entries with refcount pins, deduplicated fetches and lru/lfu eviction."""
+    """``slots`` expert entries with refcount pins, deduplicated fetches and lru/lfu eviction.
+
+    NOTE (why the state lives in sets and dicts, not in one record per expert): pinning and
+    unpinning run for every expert of every job, so the bookkeeping is kept where the standard
+    library's C code can do a whole job's keys in one call: pin counts in a dict (``_refs``, only
+    pinned keys), resident and pending experts in dicts of their slots, and the evictable ones
+    (resident, unpinned) in a set. An expert's state follows: resident, pending, pinned and
+    neither (``WANTED``), or unknown.
+    """
 
     def __init__(self, slots: int, eviction: str | EvictionPolicy = "lfu") -> None:
         if slots < 1:
@@ -65,57 +65,62 @@ class ExpertCache:
         self.slots = slots
         self.eviction: EvictionPolicy = make_eviction(eviction) if isinstance(eviction, str) else eviction
         self.stats = CacheStats()
-        self._entries: dict[ExpertKey, Entry] = {}
+        self._refs: dict[ExpertKey, int] = {}  # pinned experts (any state) -> pins
+        self._resident: dict[ExpertKey, int] = {}  # -> slot, in the order they landed
+        self._pending: dict[ExpertKey, int] = {}  # a read into the slot is in flight
+        self._idle: set[ExpertKey] = set()  # resident with no pins: the evictable ones
+        self._unused: set[ExpertKey] = set()  # prefetched (pending or resident), never pinned since
         self._free_slots = list(range(slots - 1, -1, -1))
-        self._evictable = 0  # resident entries with refcount zero
 
     # -- queries ---------------------------------------------------------------------------------
 
     def state(self, key: ExpertKey) -> EntryState | None:
         """The entry's state, or None if the cache knows nothing of ``key``."""
-        entry = self._entries.get(key)
-        return None if entry is None else entry.state
+        if key in self._resident:
+            return EntryState.RESIDENT
+        if key in self._pending:
+            return EntryState.PENDING
+        return EntryState.WANTED if key in self._refs else None
 
     def is_resident(self, key: ExpertKey) -> bool:
-        entry = self._entries.get(key)
-        return entry is not None and entry.state is EntryState.RESIDENT
+        return key in self._resident
+
+    def is_wanted(self, key: ExpertKey) -> bool:
+        """Pinned by a job, with no read started (the state ``WANTED``)."""
+        return key in self._refs and key not in self._resident and key not in self._pending
 
     def slot_of(self, key: ExpertKey) -> int:
         """The slot of a resident or pending expert."""
-        entry = self._entries[key]
-        if entry.slot is None:
-            raise KeyError(f"{key} has no slot (state {entry.state.value})")
-        return entry.slot
+        slot = self._resident.get(key, self._pending.get(key))
+        if slot is None:
+            raise KeyError(f"{key} has no slot (state {self._state_name(key)})")
+        return slot
 
     def refcount(self, key: ExpertKey) -> int:
-        entry = self._entries.get(key)
-        return 0 if entry is None else entry.refcount
+        return self._refs.get(key, 0)
 
     def resident_keys(self) -> list[ExpertKey]:
-        return [k for k, e in self._entries.items() if e.state is EntryState.RESIDENT]
+        """The resident experts, in the order they landed."""
+        return list(self._resident)
 
     def pinned_slots(self, keys: Sequence[ExpertKey]) -> list[int] | None:
         """The slots of ``keys`` if every one is resident and pinned (a job ready to compute), else None."""
-        entries, resident = self._entries, EntryState.RESIDENT
-        slots = []
-        for key in keys:
-            entry = entries.get(key)
-            if entry is None or entry.state is not resident or entry.refcount < 1:
-                return None
-            slots.append(entry.slot)
-        return slots  # type: ignore[return-value]  # a resident entry always has its slot
+        slots = list(map(self._resident.get, keys))
+        if None in slots or not all(map(self._refs.__contains__, keys)):
+            return None
+        return slots  # type: ignore[return-value]  # no None in it
 
     def pinned_count(self) -> int:
         """Entries with a nonzero refcount (any state)."""
-        return sum(1 for e in self._entries.values() if e.refcount)
+        return len(self._refs)
 
     def can_reserve(self) -> bool:
         """Whether :meth:`reserve` would find a slot now (a free one or an evictable one)."""
-        return bool(self._free_slots) or self._evictable > 0
+        return bool(self._free_slots) or bool(self._idle)
 
     def is_idle(self) -> bool:
         """No pins and nothing in flight: what the cache looks like between runs."""
-        return all(e.refcount == 0 and e.state is EntryState.RESIDENT for e in self._entries.values())
+        return not self._refs and not self._pending
 
     # -- pins ------------------------------------------------------------------------------------
 
@@ -125,26 +130,12 @@ class ExpertCache:
         A miss leaves a ``WANTED`` (or already ``PENDING``) entry holding the pin until the fetcher
         reserves a slot for it.
         """
-        self.eviction.touch(key)
-        entry = self._entries.get(key)
-        if entry is None:
-            self._entries[key] = Entry(EntryState.WANTED, refcount=1)
-            self.stats.misses += 1
-            return False
-        if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
-            self._evictable -= 1  # the policy drops it lazily if it surfaces while pinned
-        entry.refcount += 1
-        entry.prefetched_unused = False
-        if entry.state is EntryState.RESIDENT:
-            self.stats.hits += 1
-            return True
-        self.stats.misses += 1
-        return False
+        return not self.pin_all((key,))
 
     def pin_all(self, keys: Sequence[ExpertKey]) -> tuple[ExpertKey, ...]:
-        """Pin every key (one job's experts); return those that are not resident.
+        """Pin every key (one job's experts, or several jobs' in turn); return those not resident.
 
-        The same as :meth:`pin` per key, written out because it runs for every expert of every job.
+        The same as :meth:`pin` per key: one use each for the eviction policy, one pin each.
         """
         eviction = self.eviction
         touch_all = getattr(eviction, "touch_all", None)  # optional: a policy may only have touch
@@ -153,47 +144,37 @@ class ExpertCache:
         else:
             for key in keys:
                 eviction.touch(key)
-        entries, resident = self._entries, EntryState.RESIDENT
-        missing = []
-        evictable = self._evictable
-        for key in keys:
-            entry = entries.get(key)
-            if entry is None:
-                entries[key] = Entry(EntryState.WANTED, refcount=1)
-                missing.append(key)
-                continue
-            if entry.state is resident:
-                if not entry.refcount:
-                    evictable -= 1
-            else:
-                missing.append(key)
-            entry.refcount += 1
-            entry.prefetched_unused = False
-        self._evictable = evictable
+        _count_elements(self._refs, keys)
+        if self._idle:
+            self._idle.difference_update(keys)
+        if self._unused:
+            self._unused.difference_update(keys)
+        missing = tuple(filterfalse(self._resident.__contains__, keys))
         stats = self.stats
         stats.misses += len(missing)
         stats.hits += len(keys) - len(missing)
-        return tuple(missing)
+        return missing
 
     def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
-        """Release one reference on every key (the same as :meth:`unpin` per key, written out)."""
-        entries, resident = self._entries, EntryState.RESIDENT
+        """Release one reference on every key, in order (the same as :meth:`unpin` per key).
+
+        A resident entry whose count reaches zero becomes evictable; a ``WANTED`` one is forgotten
+        (its jobs went away before a read was started).
+        """
+        refs, resident = self._refs, self._resident
         freed = []  # became evictable, in order
         for key in keys:
-            entry = entries[key]
-            refcount = entry.refcount - 1
-            if refcount > 0:
-                entry.refcount = refcount
-            elif refcount < 0:
-                raise RuntimeError(f"unpin of {key} with refcount {entry.refcount}")
-            else:
-                entry.refcount = 0
-                if entry.state is resident:
+            count = refs.get(key, 0)
+            if count > 1:
+                refs[key] = count - 1
+            elif count == 1:
+                del refs[key]
+                if key in resident:
                     freed.append(key)
-                elif entry.state is EntryState.WANTED:
-                    del entries[key]  # its job went away before a fetch was started
+            else:
+                raise RuntimeError(f"unpin of {key} with refcount 0")
         if freed:
-            self._evictable += len(freed)
+            self._idle.update(freed)
             eviction = self.eviction
             add_all = getattr(eviction, "add_all", None)  # optional, as touch_all
             if add_all is not None:
@@ -204,17 +185,7 @@ class ExpertCache:
 
     def unpin(self, key: ExpertKey) -> None:
         """Release one reference. A resident entry whose count reaches zero becomes evictable."""
-        entry = self._entries[key]
-        if entry.refcount <= 0:
-            raise RuntimeError(f"unpin of {key} with refcount {entry.refcount}")
-        entry.refcount -= 1
-        if entry.refcount:
-            return
-        if entry.state is EntryState.RESIDENT:
-            self._evictable += 1
-            self.eviction.add(key)
-        elif entry.state is EntryState.WANTED:
-            del self._entries[key]  # its job went away before a fetch was started
+        self.unpin_all((key,))
 
     # -- fetches ---------------------------------------------------------------------------------
 
@@ -224,32 +195,30 @@ class ExpertCache:
         A demand fetch turns a ``WANTED`` entry ``PENDING``; a prefetch creates a ``PENDING`` entry
         with no pins. Evicts the policy's victim among unpinned resident entries if no slot is free.
         """
-        entry = self._entries.get(key)
+        state = self.state(key)
         if prefetch:
-            if entry is not None:
-                raise RuntimeError(f"prefetch of {key}, which is already {entry.state.value}")
-        elif entry is None or entry.state is not EntryState.WANTED:
-            state = "unknown" if entry is None else entry.state.value
-            raise RuntimeError(f"demand fetch of {key}, which is {state}, not wanted")
+            if state is not None:
+                raise RuntimeError(f"prefetch of {key}, which is already {state.value}")
+        elif state is not EntryState.WANTED:
+            raise RuntimeError(f"demand fetch of {key}, which is {self._state_name(key)}, not wanted")
         slot = self._take_slot()
         if slot is None:
             return None
-        if entry is None:
-            entry = self._entries[key] = Entry(EntryState.PENDING, slot=slot, prefetched_unused=True)
+        self._pending[key] = slot
+        if prefetch:
+            self._unused.add(key)
             self.stats.prefetches += 1
-        else:
-            entry.state, entry.slot = EntryState.PENDING, slot
         self.stats.fetches += 1
         return slot
 
     def complete(self, key: ExpertKey) -> None:
         """The fetch of ``key`` landed: it is resident (and evictable if nobody pins it)."""
-        entry = self._entries[key]
-        if entry.state is not EntryState.PENDING:
-            raise RuntimeError(f"fetch completion for {key}, which is {entry.state.value}")
-        entry.state = EntryState.RESIDENT
-        if entry.refcount == 0:
-            self._evictable += 1
+        slot = self._pending.pop(key, None)
+        if slot is None:
+            raise RuntimeError(f"fetch completion for {key}, which is {self._state_name(key)}")
+        self._resident[key] = slot
+        if key not in self._refs:
+            self._idle.add(key)
             self.eviction.add(key)
 
     def abort(self, key: ExpertKey) -> None:
@@ -258,16 +227,12 @@ class ExpertCache:
         Jobs still pinning it are failed by the caller; their unpins then forget the entry, so a
         later request fetches it afresh.
         """
-        entry = self._entries[key]
-        if entry.state is not EntryState.PENDING:
-            raise RuntimeError(f"fetch failure for {key}, which is {entry.state.value}")
-        assert entry.slot is not None
-        self._free_slots.append(entry.slot)
+        slot = self._pending.pop(key, None)
+        if slot is None:
+            raise RuntimeError(f"fetch failure for {key}, which is {self._state_name(key)}")
+        self._free_slots.append(slot)
         self.stats.failed_fetches += 1
-        if entry.refcount:
-            entry.state, entry.slot = EntryState.WANTED, None
-        else:
-            del self._entries[key]
+        self._unused.discard(key)
 
     def warm(self, keys: Iterable[ExpertKey]) -> None:
         """Load ``keys`` as if fetched and used once, before any job runs (no cost is charged).
@@ -276,45 +241,42 @@ class ExpertCache:
         """
         for key in keys:
             self.eviction.touch(key)
-            entry = self._entries.get(key)
-            if entry is not None:
-                if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
+            if key in self._resident or key in self._pending or key in self._refs:
+                if key in self._idle:
                     self.eviction.add(key)  # a use refreshes its recency
                 continue
             slot = self._take_slot()
             if slot is None:
                 raise CacheFullError("cannot warm the cache: every slot is pinned")
-            self._entries[key] = Entry(EntryState.RESIDENT, slot=slot)
-            self._evictable += 1
+            self._resident[key] = slot
+            self._idle.add(key)
             self.eviction.add(key)
 
     def finish(self) -> None:
         """End of a run: prefetched experts never used count as wasted."""
-        for entry in self._entries.values():
-            if entry.prefetched_unused:
-                entry.prefetched_unused = False
-                self.stats.wasted_prefetches += 1
+        self.stats.wasted_prefetches += len(self._unused)
+        self._unused.clear()
 
-    def _is_evictable(self, key: Hashable) -> bool:
-        entry = self._entries.get(key)  # type: ignore[call-overload]
-        return entry is not None and entry.refcount == 0 and entry.state is EntryState.RESIDENT
+    def _state_name(self, key: ExpertKey) -> str:
+        state = self.state(key)
+        return "unknown" if state is None else state.value
 
     def _take_slot(self) -> int | None:
         if self._free_slots:
             return self._free_slots.pop()
-        if not self._evictable:
+        if not self._idle:
             return None
-        victim: Hashable | None = self.eviction.pop_victim(self._is_evictable)
+        victim = self.eviction.pop_victim(self._idle.__contains__)
         if victim is None:
             raise RuntimeError("eviction policy found no victim among evictable entries")
         assert isinstance(victim, ExpertKey)
-        entry = self._entries.pop(victim)
-        self._evictable -= 1
+        self._idle.remove(victim)
+        slot = self._resident.pop(victim)
         self.stats.evictions += 1
-        if entry.prefetched_unused:
+        if victim in self._unused:
+            self._unused.remove(victim)
             self.stats.wasted_prefetches += 1
-        assert entry.slot is not None and entry.refcount == 0
-        return entry.slot
+        return slot
 
 
 def admissible(slots: int, active_requests: int, experts_per_job: int) -> bool:

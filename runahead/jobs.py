@@ -36,15 +36,15 @@ def expert_keys(layer: int, experts: tuple[int, ...]) -> tuple[ExpertKey, ...]:
     if row is None:
         row = _KEYS[layer] = {}
     try:
-        return tuple([row[e] for e in experts])
+        return tuple(map(row.__getitem__, experts))
     except KeyError:
         for e in experts:
             if e not in row:
                 row[e] = ExpertKey(layer, e)
-        return tuple([row[e] for e in experts])
+        return tuple(map(row.__getitem__, experts))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Job:
     """Job ``layer -> layer+1`` of request ``request`` at decode step ``step``.
 
@@ -57,24 +57,52 @@ class Job:
     ``lane`` is the request's batch slot, used by static grouping. ``epoch`` orders tokens across
     requests that joined at different times: the step counted from a common origin, so "least
     progress" compares like with like (with the step barrier on it is the round number).
+
+    Never changed once built (a changed job is a new one, ``dataclasses.replace``), but not
+    ``frozen``: one is built for every layer of every token, and a frozen dataclass's
+    ``__init__`` (``object.__setattr__`` per field) cost six times this one's.
     """
 
     request: int
     step: int
     layer: int
-    experts: tuple[int, ...] = ()
-    lane: int = 0
-    num_tokens: int = 1
-    predicted_next: tuple[int, ...] = ()
-    epoch: int = 0
-    remaining: tuple[int, ...] = ()
-    wave: int = 0
-    prefill: bool = False
+    experts: tuple[int, ...]
+    lane: int
+    num_tokens: int
+    predicted_next: tuple[int, ...]
+    epoch: int
+    remaining: tuple[int, ...]
+    wave: int
+    prefill: bool
     keys: tuple[ExpertKey, ...] = field(init=False, repr=False, compare=False)
     """The cache keys this job needs resident before it can compute (built once: it is hot)."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "keys", expert_keys(self.layer, self.experts) if self.experts else ())
+    def __init__(
+        self,
+        request: int,
+        step: int,
+        layer: int,
+        experts: tuple[int, ...] = (),
+        lane: int = 0,
+        num_tokens: int = 1,
+        predicted_next: tuple[int, ...] = (),
+        epoch: int = 0,
+        remaining: tuple[int, ...] = (),
+        wave: int = 0,
+        prefill: bool = False,
+    ) -> None:
+        self.request = request
+        self.step = step
+        self.layer = layer
+        self.experts = experts
+        self.lane = lane
+        self.num_tokens = num_tokens
+        self.predicted_next = predicted_next
+        self.epoch = epoch
+        self.remaining = remaining
+        self.wave = wave
+        self.prefill = prefill
+        self.keys = expert_keys(layer, experts) if experts else ()
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -82,12 +110,13 @@ class Job:
         return (self.epoch, self.layer)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobResult:
     """What computing one job produced.
 
     For a job below the last layer: ``next_experts`` (the gate of ``layer+1``) and optionally
     ``predicted_next`` (a speculative gate's guess for ``layer+2``). At the last layer: ``token``.
+    Not ``frozen``, as :class:`Job` (one per job); never changed once built.
     """
 
     job: Job

@@ -34,7 +34,7 @@ from runahead.bottleneck import (
     landing_order,
     landing_times,
 )
-from runahead.cache import EntryState, ExpertCache
+from runahead.cache import ExpertCache
 from runahead.jobs import ExpertKey, Group, Job
 
 
@@ -236,7 +236,7 @@ class FetchQueue:
     def add(self, job: Job, missing: Iterable[ExpertKey], cache: ExpertCache) -> None:
         """``job`` waits for ``missing`` experts (not resident; some may already be on their way)."""
         missing = tuple(missing)
-        unstarted = [key for key in missing if cache.state(key) is EntryState.WANTED]
+        unstarted = list(filter(cache.is_wanted, missing))
         if not unstarted:
             return
         self._blocked[job.request] = _Blocked(next(self._seq), job, unstarted, len(missing))
@@ -287,7 +287,7 @@ class FetchQueue:
             best = min(self._blocked.values(), key=self._rank)
             unstarted = best.unstarted
             while unstarted:
-                if cache.state(unstarted[0]) is EntryState.WANTED:
+                if cache.is_wanted(unstarted[0]):
                     return unstarted[0]
                 unstarted.pop(0)  # stale: its job went away
             self.discard(best.job.request)

@@ -119,7 +119,8 @@ class SimBackend:
         self._requests: dict[int, _SimRequest] = {}
         self._link_free = 0.0
         self._cache: ExpertCache | None = None
-        self._slots: dict[int, tuple[ExpertKey, bool]] = {}  # slot -> (expert read into it, landed)
+        self._landed: dict[int, ExpertKey] = {}  # slot -> the expert whose read into it landed
+        self._reading: dict[int, ExpertKey] = {}  # slot -> the expert being read into it
 
     def watch(self, cache: ExpertCache) -> None:
         """Check at every compute that each job's experts are resident, landed and pinned."""
@@ -142,81 +143,106 @@ class SimBackend:
         self._requests.pop(request, None)
 
     async def fetch(self, key: ExpertKey, slot: int) -> None:
-        self._slots[slot] = (key, False)
+        self._landed.pop(slot, None)
+        self._reading[slot] = key
         if self.zero_cost:
             await self.clock.sleep(0.0)
         else:
             start = max(self.clock.now() + self.costs.link_latency_s, self._link_free)
             self._link_free = start + self.costs.fetch_transfer_time()
             await self.clock.sleep_until(self._link_free)
-        self._slots[slot] = (key, True)
+        del self._reading[slot]
+        self._landed[slot] = key
 
     async def compute(self, group: Group) -> Sequence[JobResult]:
-        states = [self._requests[job.request] for job in group.jobs]
+        jobs = group.jobs
+        requests = self._requests
+        states = [requests[job.request] for job in jobs]
         held = self._check_experts(group)
         await self.clock.sleep(0.0 if self.zero_cost else self._duration(group, states))
-        if held is not None and {slot: self._slots.get(slot) for slot in held} != held:
+        if held is not None and list(map(self._landed.get, held[0])) != held[1]:
             raise BrokenPromise(
                 f"an expert of the group at layer {group.layer} was evicted while it computed"
             )
-        results = []
         last = self.num_layers - 1
-        for job, state in zip(group.jobs, states, strict=True):
-            if job.remaining:  # a wave before the last: its experts' share of the MoE only
-                results.append(JobResult(job))
-            elif group.layer == last:
-                if not job.prefill or state.position + job.num_tokens >= state.spec.prompt_length:
-                    results.append(JobResult(job, token=sim_token(state.spec, state.generated)))
-                    state.generated += 1
-                else:
+        layer = group.layer
+        if layer < last:
+            step_offset, following = self.step_offset, layer + 2
+            results = []
+            for job, state in zip(jobs, states, strict=True):
+                if job.remaining:  # a wave before the last: its experts' share of the MoE only
                     results.append(JobResult(job))
-                state.position += job.num_tokens
-                if not job.prefill:
-                    state.decoded += 1
+                elif job.prefill:
+                    results.append(self._prefill_result(state, job))
+                else:
+                    step = step_offset + state.decoded
+                    predicted = state.predictions[step][following] if following <= last else ()
+                    results.append(JobResult(job, state.selections[step][layer + 1], predicted))
+            return results
+        results = []
+        for job, state in zip(jobs, states, strict=True):
+            if job.remaining:
+                results.append(JobResult(job))
+                continue
+            if not job.prefill or state.position + job.num_tokens >= state.spec.prompt_length:
+                results.append(JobResult(job, token=sim_token(state.spec, state.generated)))
+                state.generated += 1
             else:
-                following = group.layer + 2
-                results.append(
-                    JobResult(
-                        job,
-                        self._gate(state, job, state.selections, group.layer + 1),
-                        self._gate(state, job, state.predictions, following) if following <= last else (),
-                    )
-                )
+                results.append(JobResult(job))
+            state.position += job.num_tokens
+            if not job.prefill:
+                state.decoded += 1
         return results
 
-    def _check_experts(self, group: Group) -> dict[int, tuple[ExpertKey, bool] | None] | None:
+    def _check_experts(self, group: Group) -> tuple[list[int], list[ExpertKey]] | None:
         """Raise unless every expert of every job is resident, landed in its slot and pinned.
 
-        Returns each slot's contents, to check again when the compute ends (a pinned expert's slot
-        is never refilled meanwhile). Slots the runtime warmed without a read hold their expert.
+        Returns the group's slots and the expert each holds, to check again when the compute ends
+        (a pinned expert's slot is never refilled meanwhile). A slot the runtime warmed without a
+        read holds the expert the cache put there.
         """
         cache = self._cache
         if cache is None:
             return None
-        held: dict[int, tuple[ExpertKey, bool] | None] = {}
-        contents = self._slots
-        for job in group.jobs:
-            slots = cache.pinned_slots(job.keys)  # one call per job: this runs for every expert
-            if slots is None:
-                for key in job.keys:
-                    if not cache.is_resident(key) or cache.refcount(key) < 1:
-                        state = cache.state(key)
-                        raise BrokenPromise(
-                            f"request {job.request}'s job at layer {job.layer} was computed before expert "
-                            f"{key} was ready (cache state {None if state is None else state.value}, "
-                            f"pins {cache.refcount(key)})"
-                        )
-                raise AssertionError("unreachable")
-            for key, slot in zip(job.keys, slots, strict=True):
-                content = contents.get(slot)
-                if content is not None and content != (key, True):
+        keys = [key for job in group.jobs for key in job.keys]
+        slots = cache.pinned_slots(keys)  # one call per group: this runs for every expert
+        if slots is None:
+            self._refuse_unready(group, cache)
+        landed = self._landed
+        held = list(map(landed.get, slots))  # type: ignore[arg-type]
+        if held != keys:
+            for index, (key, slot, content) in enumerate(zip(keys, slots, held, strict=True)):  # type: ignore[arg-type]
+                if content is None and slot not in self._reading:
+                    landed[slot] = held[index] = key  # warmed: it holds what the cache put there
+                elif content != key:
+                    job = next(job for job in group.jobs if key in job.keys)
+                    what = f"{content} (landed)" if content else f"{self._reading[slot]} (still being read)"
                     raise BrokenPromise(
                         f"request {job.request}'s job at layer {job.layer} was computed with slot {slot} "
-                        f"holding {content[0]} ({'landed' if content[1] else 'still being read'}), "
-                        f"not {key}"
+                        f"holding {what}, not {key}"
                     )
-                held[slot] = content
-        return held
+        return slots, held  # type: ignore[return-value]
+
+    @staticmethod
+    def _refuse_unready(group: Group, cache: ExpertCache) -> None:
+        """Raise naming the first expert of the group that is not resident and pinned."""
+        for job in group.jobs:
+            for key in job.keys:
+                if not cache.is_resident(key) or cache.refcount(key) < 1:
+                    state = cache.state(key)
+                    raise BrokenPromise(
+                        f"request {job.request}'s job at layer {job.layer} was computed before expert "
+                        f"{key} was ready (cache state {None if state is None else state.value}, "
+                        f"pins {cache.refcount(key)})"
+                    )
+        raise AssertionError("unreachable")
+
+    def _prefill_result(self, state: _SimRequest, job: Job) -> JobResult:
+        """A prefill chunk's gate at the next layer (and its prediction for the one after)."""
+        following = job.layer + 2
+        table = state.predictions
+        predicted = self._gate(state, job, table, following) if following < self.num_layers else ()
+        return JobResult(job, self._gate(state, job, state.selections, job.layer + 1), predicted)
 
     def _gate(
         self, state: _SimRequest, job: Job, table: list[list[tuple[int, ...]]], layer: int
