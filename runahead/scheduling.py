@@ -213,6 +213,7 @@ class _Blocked:
     job: Job
     unstarted: list[ExpertKey]  # missing experts no read has started for, in gate order
     remaining: int  # m(j): missing experts not yet resident
+    rank: tuple[int, ...] = ()  # the fetch order's key, kept current as ``remaining`` shrinks
 
 
 class FetchQueue:
@@ -220,7 +221,8 @@ class FetchQueue:
 
     The fetcher reports every read it starts and every read that lands (demand or prefetch), so
     ``m(j)`` and each job's not-yet-started experts stay current without rescanning the cache.
-    A job leaves the queue once a read has started for every one of its missing experts.
+    A job leaves the queue once a read has started for every one of its missing experts. Each
+    job's rank is rebuilt when its ``m(j)`` changes, so a choice is one C-level ``min``.
     """
 
     def __init__(self, order: FetchOrder) -> None:
@@ -239,9 +241,15 @@ class FetchQueue:
         unstarted = list(filter(cache.is_wanted, missing))
         if not unstarted:
             return
-        self._blocked[job.request] = _Blocked(next(self._seq), job, unstarted, len(missing))
+        blocked = self._blocked[job.request] = _Blocked(next(self._seq), job, unstarted, len(missing))
+        blocked.rank = self._rank(blocked)
+        by_key = self._by_key
         for key in missing:
-            self._by_key.setdefault(key, []).append(job.request)
+            waiting = by_key.get(key)
+            if waiting is None:
+                by_key[key] = [job.request]
+            else:
+                waiting.append(job.request)
 
     def discard(self, request: int) -> None:
         """Forget a request's blocked job (it was cancelled, or it ended)."""
@@ -274,6 +282,7 @@ class FetchQueue:
             blocked = self._blocked.get(request)
             if blocked is not None:
                 blocked.remaining -= 1
+                blocked.rank = self._rank(blocked)
 
     def select(self, cache: ExpertCache) -> ExpertKey | None:
         """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none.
@@ -284,7 +293,7 @@ class FetchQueue:
         here, never read.
         """
         while self._blocked:
-            best = min(self._blocked.values(), key=self._rank)
+            best = min(self._blocked.values(), key=_rank_of_blocked)
             unstarted = best.unstarted
             while unstarted:
                 if cache.is_wanted(unstarted[0]):
@@ -292,6 +301,9 @@ class FetchQueue:
                 unstarted.pop(0)  # stale: its job went away
             self.discard(best.job.request)
         return None
+
+
+_rank_of_blocked = operator.attrgetter("rank")
 
 
 def _lowest_layer_srtf(blocked: _Blocked) -> tuple[int, ...]:
@@ -322,7 +334,7 @@ class PrefetchQueue:
     """
 
     def __init__(self) -> None:
-        self._hints: dict[int, tuple[tuple[int, int], tuple[ExpertKey, ...]]] = {}
+        self._hints: dict[int, tuple[tuple[tuple[int, int], int], tuple[ExpertKey, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self._hints)
@@ -331,7 +343,7 @@ class PrefetchQueue:
         """Hint that ``request`` will need ``keys`` at ``progress``; replaces its older hint."""
         hint = tuple(keys)
         if hint:
-            self._hints[request] = (progress, hint)
+            self._hints[request] = ((progress, request), hint)
         else:
             self._hints.pop(request, None)
 
@@ -339,12 +351,14 @@ class PrefetchQueue:
         self._hints.pop(request, None)
 
     def select(self, cache: ExpertCache) -> ExpertKey | None:
-        """The next expert to prefetch, or None."""
-        for request, (_, keys) in sorted(self._hints.items(), key=lambda item: (item[1][0], item[0])):
+        """The next expert to prefetch, or None: lowest progress first (then request id)."""
+        hints = self._hints
+        while hints:
+            (_, request), keys = min(hints.values(), key=_rank_of)
             for key in keys:
                 if cache.state(key) is None:
                     return key
-            del self._hints[request]
+            del hints[request]
         return None
 
 

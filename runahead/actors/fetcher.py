@@ -97,6 +97,8 @@ class ExpertFetcher:
         return key, slot, prefetch
 
     async def _link_worker(self) -> None:
+        clock, cache, demand, recorder = self.clock, self.cache, self.demand, self.recorder
+        fetch, health, issuer = self.backend.fetch, self.health, self.issuer
         while not self._closing:
             picked = self._pick()
             if picked is None:
@@ -104,31 +106,38 @@ class ExpertFetcher:
                 await self._wake.wait()
                 continue
             key, slot, prefetch = picked
-            start = self.clock.now()
-            error = await self._read(key, slot)
-            if error is not None:
-                self.demand.failed(key)
-                self.issuer.put_nowait(FetchFailed(key, error))
-                self._wake.set()  # its slot is free again once the issuer has the notice
-                continue
-            self.cache.complete(key)
-            self.demand.landed(key)
-            self.recorder.fetch(start, self.clock.now(), key, prefetch)
-            self.issuer.put_nowait(FetchDone(key))
+            start = clock.now()
+            try:
+                await fetch(key, slot)
+            except (OSError, ValueError) as first_error:
+                error = await self._retry(key, slot, first_error)
+                if error is not None:
+                    demand.failed(key)
+                    issuer.put_nowait(FetchFailed(key, error))
+                    self._wake.set()  # its slot is free again once the issuer has the notice
+                    continue
+            else:
+                if health.failing:
+                    health.read_succeeded(key)
+            cache.complete(key)
+            demand.landed(key)
+            recorder.fetch(start, clock.now(), key, prefetch)
+            issuer.put_nowait(FetchDone(key))
             self._wake.set()
 
-    async def _read(self, key: ExpertKey, slot: int) -> str | None:
-        """Read ``key`` into ``slot``, retrying I/O errors; None on success, else the last error."""
+    async def _retry(self, key: ExpertKey, slot: int, error: Exception) -> str | None:
+        """Read ``key`` into ``slot`` again after ``error``; None on success, else the last error."""
         for attempt in range(self.read_retries + 1):
+            message = f"reading expert {key.expert} of layer {key.layer} failed: {error}"
+            if attempt == self.read_retries:
+                self.health.read_failed(key, self.clock.now(), message)
+                return message
+            self.health.read_retried(message)
+            await self.clock.sleep(self.retry_pause_s * 4**attempt)
             try:
                 await self.backend.fetch(key, slot)
-            except (OSError, ValueError) as error:
-                message = f"reading expert {key.expert} of layer {key.layer} failed: {error}"
-                if attempt == self.read_retries:
-                    self.health.read_failed(key, self.clock.now(), message)
-                    return message
-                self.health.read_retried(message)
-                await self.clock.sleep(self.retry_pause_s * 4**attempt)
+            except (OSError, ValueError) as again:
+                error = again
             else:
                 self.health.read_succeeded(key)
                 return None

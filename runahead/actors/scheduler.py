@@ -193,40 +193,39 @@ class ComputeScheduler:
             raise RuntimeError(
                 f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs"
             )
-        self.recorder.compute(start, end, group.layer, tuple([job.request for job in group.jobs]))
-        for job in group.jobs:
-            self.cache.unpin_all(job.keys)
+        jobs = group.jobs
+        self.recorder.compute(start, end, group.layer, tuple([job.request for job in jobs]))
+        self.cache.unpin_all([key for job in jobs for key in job.keys])  # in order, as job by job
         next_jobs = []
+        positions, last_layer = self.positions, self.last_layer
         for result in results:
-            if result.job.remaining:  # more waves of this job's experts to go
-                job = self._next_wave(result.job)
-                next_jobs.append(job)
-            elif result.job.layer == self.last_layer:
+            job = result.job
+            if job.remaining:  # more waves of this job's experts to go
+                next_jobs.append(self._next_wave(job))
+            elif job.layer == last_layer:
                 self._token_done(result, end)
             else:
-                job = self._next_job(result)
-                self.positions[job.request] = job.progress
-                next_jobs.append(job)
+                layer, epoch = job.layer + 1, job.epoch
+                positions[job.request] = (epoch, layer)
+                next_jobs.append(
+                    Job(
+                        job.request,
+                        job.step,
+                        layer,
+                        result.next_experts,
+                        job.lane,
+                        job.num_tokens,
+                        result.predicted_next,
+                        epoch,
+                        prefill=job.prefill,
+                    )
+                )
         if next_jobs:
             if self._bottleneck:
                 for job in next_jobs:
                     self.blocked[job.request] = job
             self.issuer.put_nowait(NextJobs(tuple(next_jobs)))
             self._awaiting_reply = True
-
-    def _next_job(self, result: JobResult) -> Job:
-        job = result.job
-        return Job(
-            job.request,
-            job.step,
-            job.layer + 1,
-            result.next_experts,
-            job.lane,
-            job.num_tokens,
-            result.predicted_next,
-            job.epoch,
-            prefill=job.prefill,
-        )
 
     def _next_wave(self, job: Job) -> Job:
         return Job(
