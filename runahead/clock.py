@@ -16,9 +16,12 @@ instead of sleeping, and raises :class:`SimulationStalled` at once when nothing 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import heapq
 import math
 import selectors
 import time
+from asyncio import base_events, events, format_helpers
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -96,11 +99,70 @@ class _VirtualSelector(selectors.DefaultSelector):
         return ticks
 
 
+_base: Any = base_events  # its constants are not in the type stubs
+_MIN_SCHEDULED: int = _base._MIN_SCHEDULED_TIMER_HANDLES
+_MIN_CANCELLED_FRACTION: float = _base._MIN_CANCELLED_TIMER_HANDLES_FRACTION
+_MAX_TIMEOUT: float = _base.MAXIMUM_SELECT_TIMEOUT
+
+
+class _Handle(events.Handle):
+    """``asyncio.Handle`` built without asking the loop for its debug flag (debug loops use asyncio's)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        loop: asyncio.AbstractEventLoop,
+        context: contextvars.Context | None,
+    ) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _TimerHandle(events.TimerHandle):
+    """``asyncio.TimerHandle`` built the same lean way (ordered by ``when`` as asyncio's)."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        loop: asyncio.AbstractEventLoop,
+        context: contextvars.Context | None,
+    ) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = False
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An asyncio loop on virtual time starting at 0: waits take no wall time. No threads in it.
 
     ``charge_cpu``: the loop's own CPU time also advances the clock (see :class:`_VirtualSelector`);
     runs are then no longer identical from one run to the next.
+
+    NOTE (why it overrides asyncio's private loop methods): a simulated run is nothing but callbacks,
+    several per job, so the loop's own bookkeeping per callback is a large part of a run's CPU.
+    ``call_soon``, ``call_at`` and ``_run_once`` are asyncio's, minus what a loop without I/O
+    or debugging does not need (a debug check per handle, a selector poll per iteration while
+    callbacks are ready, one method call per callback run). They queue, order and run callbacks
+    exactly as asyncio's do, so every run's events are the same; a loop in debug mode uses
+    asyncio's own methods.
     """
 
     def __init__(self, charge_cpu: bool = False) -> None:
@@ -114,6 +176,98 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def charged_s(self) -> float:
         """Virtual seconds that were the loop's own CPU time (0 unless ``charge_cpu``)."""
         return self._virtual.charged_ticks / TICKS_PER_S
+
+    def call_soon(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
+    ) -> events.Handle:
+        if self._debug or self._closed:  # type: ignore[attr-defined]
+            return super().call_soon(callback, *args, context=context)
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]
+        return handle
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> events.TimerHandle:
+        if self._debug or self._closed or when is None:  # type: ignore[attr-defined]
+            return super().call_at(when, callback, *args, context=context)
+        timer = _TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True
+        return timer
+
+    def call_later(  # type: ignore[override]
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> events.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self.time() + delay, callback, *args, context=context)
+
+    def _run_once(self) -> None:
+        """asyncio's ``_run_once``: drop cancelled timers, wait (advance the clock), move due timers
+        to the ready queue, run the callbacks that were ready at its start."""
+        loop: Any = self  # asyncio's private attributes are not typed
+        if loop._debug:
+            super()._run_once()  # type: ignore[misc]
+            return
+        scheduled: list[Any] = loop._scheduled
+        count = len(scheduled)
+        if count > _MIN_SCHEDULED and loop._timer_cancelled_count / count > _MIN_CANCELLED_FRACTION:
+            kept = []
+            for timer in scheduled:
+                if timer._cancelled:
+                    timer._scheduled = False
+                else:
+                    kept.append(timer)
+            heapq.heapify(kept)
+            scheduled = loop._scheduled = kept
+            loop._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                loop._timer_cancelled_count -= 1
+                timer = heapq.heappop(scheduled)
+                timer._scheduled = False
+        ready = loop._ready
+        selector = self._virtual
+        if ready or loop._stopping:
+            if selector.charge_cpu:
+                selector.select(0)  # charges the CPU time; no I/O happens in a simulation
+        elif scheduled:
+            when = scheduled[0]._when
+            selector.select(min(max(0, when - self.time()), _MAX_TIMEOUT))
+        else:
+            loop._process_events(selector.select(None))
+        end_time = self.time() + loop._clock_resolution
+        while scheduled:
+            if scheduled[0]._when >= end_time:
+                break
+            timer = heapq.heappop(scheduled)
+            timer._scheduled = False
+            ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if handle._cancelled:
+                continue
+            try:
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as error:  # as asyncio.Handle._run
+                callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                message = f"Exception in callback {callback}"
+                context = {"message": message, "exception": error, "handle": handle}
+                if handle._source_traceback:
+                    context["source_traceback"] = handle._source_traceback
+                self.call_exception_handler(context)
+        handle = None  # break cycles when an exception occurs
 
 
 def run_virtual(main: Callable[[], Coroutine[Any, Any, T]], *, charge_cpu: bool = False) -> T:
