@@ -1,4 +1,4 @@
-"""The actors' mailboxes and wake-up signal: asyncio's, minus what one consumer does not need.
+"""The actors' mailboxes: asyncio's queue, minus what one consumer does not need.
 
 Every actor message goes through a mailbox, so its cost is paid per job. ``asyncio.Queue`` keeps a
 list of getters, a task counter for ``join`` and an ``Event`` for it, and checks which loop it
@@ -6,14 +6,13 @@ is bound to on every ``get``; an actor's inbox has exactly one reader and nobody
 :class:`Mailbox` keeps only the items and the one waiting reader, and wakes that reader exactly
 when ``asyncio.Queue`` would (on the first put after it started waiting, through the same future
 callback), so the order in which tasks run, and every decision the actors make, is unchanged.
-:class:`Signal` is ``asyncio.Event`` without the loop check, for the same reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -77,40 +76,3 @@ class Mailbox(asyncio.Queue[T], Generic[T]):
 
     async def join(self) -> None:
         raise NotImplementedError("mailboxes are not joined")
-
-
-class Signal:
-    """``asyncio.Event``'s ``set``/``clear``/``wait``/``is_set``, waking waiters in the same order."""
-
-    __slots__ = ("_set", "_waiters")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiters: list[asyncio.Future[Any]] = []
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        if self._set:
-            return
-        self._set = True
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(True)
-
-    def clear(self) -> None:
-        self._set = False
-
-    async def wait(self) -> bool:
-        if self._set:
-            return True
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        finally:
-            if waiter in self._waiters:  # cancelled before it was set
-                self._waiters.remove(waiter)
-        return True

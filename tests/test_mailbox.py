@@ -1,4 +1,4 @@
-"""The actors' Mailbox and Signal behave as asyncio.Queue and asyncio.Event do, task step for step."""
+"""The actors' Mailbox behaves as asyncio.Queue does, task step for step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runahead.mailbox import Mailbox, Signal
+from runahead.mailbox import Mailbox
 
 
 def _queue_script(make: Any) -> list[str]:
@@ -80,36 +80,3 @@ def test_mailbox_is_bounded_fifo_with_one_reader() -> None:
         assert await box.get() == 8
 
     asyncio.run(main())
-
-
-def _signal_script(make: Any) -> list[str]:
-    log: list[str] = []
-
-    async def main() -> None:
-        signal = make()
-
-        async def waiter(name: str) -> None:
-            for round_ in range(3):
-                await signal.wait()
-                log.append(f"{name} woke {round_}")
-                signal.clear()
-                await asyncio.sleep(0)
-
-        async with asyncio.TaskGroup() as tasks:
-            for name in "xyz":
-                tasks.create_task(waiter(name))
-            for _ in range(6):
-                await asyncio.sleep(0)
-                signal.set()
-                log.append(f"set {signal.is_set()}")
-                await asyncio.sleep(0)
-            signal.set()
-
-    asyncio.run(main())
-    return log
-
-
-def test_signal_wakes_waiters_as_asyncio_event_does() -> None:
-    expected = _signal_script(asyncio.Event)
-    assert _signal_script(Signal) == expected
-    assert sum("woke" in line for line in expected) == 9

@@ -6,6 +6,11 @@ reserved by evicting an unpinned entry, never a pinned one. ``queue_depth`` link
 many reads in flight, so the link never idles between reads. With a prefetching policy, workers
 with no demand to serve fetch predicted experts instead.
 
+A worker whose read lands picks the next one itself. Idle workers are woken one at a time: new
+work (a message) wakes the longest-idle one, and a worker that found a read to start wakes the
+next, so a wake-up finds work unless the one before it took the last read (waking every idle
+worker at each message cost most of the link's CPU time, all but one going back to sleep).
+
 A read that fails with an I/O error (``OSError``, or a store's ``ValueError`` naming the file) is
 retried ``read_retries`` times with a growing pause; if it still fails, the JobIssuer is told
 (:class:`FetchFailed`) and fails only the requests whose jobs wait for that expert. Any other
@@ -15,13 +20,13 @@ error is a bug and stops the runtime.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health
 from runahead.jobs import ExpertKey
-from runahead.mailbox import Signal
 from runahead.messages import Blocked, FetchDone, FetcherMessage, FetchFailed, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
 from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
@@ -59,7 +64,8 @@ class ExpertFetcher:
         self.health = health or Health()
         self.read_retries = read_retries
         self.retry_pause_s = retry_pause_s
-        self._wake = Signal()
+        self._idle: deque[asyncio.Future[None]] = deque()  # parked workers, longest idle first
+        self._waking = False  # a parked worker was woken and has not run yet
         self._closing = False
 
     async def run(self) -> None:
@@ -69,9 +75,11 @@ class ExpertFetcher:
                 workers.create_task(self._link_worker())
             while (message := await self.inbox.get()) is not None:
                 self.handle(message)
-                self._wake.set()
+                self._wake_one()
             self._closing = True
-            self._wake.set()
+            for waiter in self._idle:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def handle(self, message: FetcherMessage) -> None:
         if isinstance(message, Blocked):
@@ -81,6 +89,27 @@ class ExpertFetcher:
         elif isinstance(message, Forget):
             self.demand.discard(message.request)
             self.hints.discard(message.request)
+
+    def _wake_one(self) -> None:
+        """Wake the longest-idle worker, unless one woken before has not run yet."""
+        if self._waking:
+            return
+        while self._idle:
+            waiter = self._idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                self._waking = True
+                return
+
+    async def _park(self) -> None:
+        """Wait, idle, until :meth:`_wake_one` (or closing) wakes this worker."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._idle.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter.done() and not waiter.cancelled():
+                self._waking = False
 
     def _pick(self) -> tuple[ExpertKey, int, bool] | None:
         """The next read to start, its reserved slot, and whether it is a prefetch."""
@@ -102,9 +131,9 @@ class ExpertFetcher:
         while not self._closing:
             picked = self._pick()
             if picked is None:
-                self._wake.clear()
-                await self._wake.wait()
+                await self._park()
                 continue
+            self._wake_one()  # more reads may be waiting: let the next idle worker look
             key, slot, prefetch = picked
             start = clock.now()
             try:
@@ -114,7 +143,7 @@ class ExpertFetcher:
                 if error is not None:
                     demand.failed(key)
                     issuer.put_nowait(FetchFailed(key, error))
-                    self._wake.set()  # its slot is free again once the issuer has the notice
+                    self._wake_one()  # its slot is free again once the issuer has the notice
                     continue
             else:
                 if health.failing:
@@ -123,7 +152,6 @@ class ExpertFetcher:
             demand.landed(key)
             recorder.fetch(start, clock.now(), key, prefetch)
             issuer.put_nowait(FetchDone(key))
-            self._wake.set()
 
     async def _retry(self, key: ExpertKey, slot: int, error: Exception) -> str | None:
         """Read ``key`` into ``slot`` again after ``error``; None on success, else the last error."""
