@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from itertools import filterfalse
 
 from runahead.eviction import EvictionPolicy, make_eviction
-from runahead.jobs import ExpertKey
+from runahead.jobs import ExpertKey, Job
 
 
 class EntryState(enum.Enum):
@@ -154,6 +154,17 @@ class ExpertCache:
         stats.misses += len(missing)
         stats.hits += len(keys) - len(missing)
         return missing
+
+    def pin_jobs(self, jobs: Sequence[Job]) -> list[tuple[ExpertKey, ...]]:
+        """Pin every job's keys, job after job, in one :meth:`pin_all`; each job's missing keys.
+
+        The same as one :meth:`pin_all` per job: a pin never changes what is resident.
+        """
+        flat = self.pin_all([key for job in jobs for key in job.keys])
+        if not flat:
+            return [()] * len(jobs)
+        absent = set(flat).__contains__
+        return [tuple(filter(absent, job.keys)) for job in jobs]
 
     def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
         """Release one reference on every key, in order (the same as :meth:`unpin` per key).

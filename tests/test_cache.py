@@ -200,3 +200,31 @@ def test_batched_pins_evict_exactly_as_key_by_key(name: str) -> None:
     assert victims[0] == victims[1]
     assert len(victims[0]) > 50
     assert batched.stats == per_key.stats
+
+
+def test_a_group_pinned_in_one_batch_is_pinned_as_job_by_job() -> None:
+    """``pin_jobs`` (the issuer's batch per computed group) gives each job its missing keys, in gate
+    order, and leaves counts, pins and later victims as one ``pin_all`` per job would."""
+    import random
+
+    from runahead.jobs import Job
+
+    rng = random.Random(3)
+    batched, single = ExpertCache(10), ExpertCache(10)
+    victims: list[list[ExpertKey]] = [[], []]
+    for step in range(150):
+        jobs = [Job(r, step, 1, tuple(rng.sample(range(12), 3))) for r in range(rng.randrange(1, 5))]
+        missing = [batched.pin_jobs(jobs), [single.pin_all(job.keys) for job in jobs]]
+        assert missing[0] == missing[1]
+        for cache, log, misses in zip((batched, single), victims, missing, strict=True):
+            for key in dict.fromkeys(k for keys in misses for k in keys):
+                if cache.state(key) is EntryState.WANTED:
+                    before = set(cache.resident_keys())
+                    if cache.reserve(key) is None:
+                        continue
+                    log.extend(sorted(before - set(cache.resident_keys())))
+                    cache.complete(key)
+            cache.unpin_all([key for job in jobs for key in job.keys])
+            assert cache.pinned_count() == 0
+    assert victims[0] == victims[1] and len(victims[0]) > 50
+    assert batched.stats == single.stats

@@ -79,13 +79,10 @@ class JobIssuer:
 
     def handle(self, message: IssuerMessage) -> None:
         if isinstance(message, NextJobs):
-            cancelled, issued_jobs = self._cancelled, []
-            for job in message.jobs:
-                if job.request not in cancelled:
-                    issued = self._issue(job)
-                    if issued is not None:
-                        issued_jobs.append(issued)
-            self.scheduler.put_nowait(Ready(tuple(issued_jobs), reply=True))
+            jobs = message.jobs
+            if self._cancelled:
+                jobs = tuple([job for job in jobs if job.request not in self._cancelled])
+            self.scheduler.put_nowait(Ready(self._issue_group(jobs), reply=True))
         elif isinstance(message, FetchDone):
             ready = self._arrived(message.key)
             if ready:
@@ -104,6 +101,28 @@ class JobIssuer:
 
     # -- jobs ----------------------------------------------------------------------------------
 
+    def _issue_group(self, jobs: tuple[Job, ...]) -> tuple[Job, ...]:
+        """Issue a computed group's next jobs in order; return those ready (pinned) now.
+
+        Jobs with no prediction to make, selection to record or waves to split, the common case,
+        are pinned in one batch (:meth:`ExpertCache.pin_jobs`); otherwise job by job
+        (:meth:`_issue`), since splitting a job into waves looks at the pins of the jobs before it.
+        """
+        budget = self.backend.experts_per_job
+        if (
+            self.predictor is not None
+            or self.recorder.record_selections
+            or any(len(job.experts) > budget for job in jobs)
+        ):
+            return tuple([issued for job in jobs if (issued := self._issue(job)) is not None])
+        ready = []
+        for job, missing in zip(jobs, self.cache.pin_jobs(jobs), strict=True):
+            if missing:
+                self._block(job, missing)
+            else:
+                ready.append(job)
+        return tuple(ready)
+
     def _issue(self, job: Job) -> Job | None:
         """Pin the job's experts; return it (its first wave, if split) when ready, else block it."""
         if self.recorder.record_selections and job.wave == 0 and not job.prefill:
@@ -119,11 +138,20 @@ class JobIssuer:
             )
         if not missing:
             return job
-        self._blocked[job.request] = (job, len(missing))
-        for key in missing:
-            self._waiters.setdefault(key, []).append(job)
-        self.fetcher.put_nowait(Blocked(job, missing))
+        self._block(job, missing)
         return None
+
+    def _block(self, job: Job, missing: tuple[ExpertKey, ...]) -> None:
+        """``job`` waits for ``missing``: note it, and tell the ExpertFetcher."""
+        self._blocked[job.request] = (job, len(missing))
+        waiters = self._waiters
+        for key in missing:
+            waiting = waiters.get(key)
+            if waiting is None:
+                waiters[key] = [job]
+            else:
+                waiting.append(job)
+        self.fetcher.put_nowait(Blocked(job, missing))
 
     def _first_wave(self, job: Job) -> Job:
         """Split a job needing more experts than one job may pin into waves (deadlock rule).
