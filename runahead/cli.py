@@ -232,6 +232,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
             workers=args.workers,
             resume=not args.no_resume,
             progress=report,
+            charge_overhead=args.charge_overhead,
         )
     print(f"wrote {len(written)} files into {args.out}")
     return 0

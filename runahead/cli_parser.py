@@ -214,7 +214,8 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "--charge-overhead",
         action="store_true",
         help="sim: advance virtual time by the CPU time the runtime spends on its event loop "
-        "(the default charges only the cost model; charged runs vary slightly between runs)",
+        "(paper: at every bench point; the default charges only the cost model; charged runs "
+        "vary slightly between runs)",
     )
     bench.add_argument(
         "--trace",

@@ -82,3 +82,21 @@ def test_charging_overhead_slows_the_simulated_run_down() -> None:
     charged = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1, charge_overhead=True)
     base, slowed = run_point(plain), run_point(charged)
     assert slowed["makespan_s"] > base["makespan_s"]
+
+
+def test_the_paper_runner_charges_every_bench_point_when_asked() -> None:
+    from dataclasses import replace
+
+    from runahead.paper.runner import point_key
+    from runahead.paper.settings import TINY, figure_points
+
+    plain = [p for ps in figure_points(TINY).values() for p in ps if isinstance(p, BenchPoint)]
+    charged = [
+        p
+        for ps in figure_points(replace(TINY, charge_overhead=True)).values()
+        for p in ps
+        if isinstance(p, BenchPoint)
+    ]
+    assert len(charged) == len(plain) > 50
+    assert all(p.charge_overhead for p in charged) and not any(p.charge_overhead for p in plain)
+    assert not {point_key(p) for p in plain} & {point_key(p) for p in charged}  # stored apart

@@ -73,6 +73,8 @@ class Settings:
     timeline: tuple[str, str, str] | None = None
     """(profile, model, workload) of the representative point whose timeline is exported."""
     timeline_steps: int = 16
+    charge_overhead: bool = False
+    """Every bench point advances virtual time by the runtime's own CPU time (``--charge-overhead``)."""
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -157,6 +159,7 @@ def _points(
             barriers=barriers,
             warmup_steps=s.warmup_steps,
             prefill_chunk=s.prefill_chunk,
+            charge_overhead=s.charge_overhead,
         )
     ]
 
