@@ -97,6 +97,7 @@ CHECKS: list[dict[str, Any]] = [
 
 WORKER = """
 import hashlib, json, sys
+import runahead
 from runahead.bench import BenchPoint, run_point
 fields, reps = json.loads(sys.argv[1]), int(sys.argv[2])
 best = None
@@ -109,7 +110,7 @@ digest = hashlib.sha256(
     repr((recorder.computes, recorder.fetches, recorder.tokens, cache.stats)).encode()
 ).hexdigest()[:16]
 keep = ("cpu_s", "jobs", "groups_run", "reads", "tokens_per_s")
-print(json.dumps({"digest": digest, **{k: best[k] for k in keep}}))
+print(json.dumps({"digest": digest, "package": runahead.__file__, **{k: best[k] for k in keep}}))
 """
 
 
@@ -117,12 +118,17 @@ def measure(tree: Path, fields: dict[str, Any], reps: int = 1) -> dict[str, Any]
     """Run one point ``reps`` times in a fresh process on the ``runahead`` package under ``tree``;
     the row of the run that took the least CPU time."""
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    done = subprocess.run(
-        [sys.executable, "-c", WORKER, json.dumps(fields), str(reps)], env=env, capture_output=True, text=True
+    done = subprocess.run(  # -P: not the current folder's package, the tree's
+        [sys.executable, "-P", "-c", WORKER, json.dumps(fields), str(reps)],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     if done.returncode:
         raise RuntimeError(f"{tree}: {fields}: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["package"].startswith(str(tree.resolve())):
+        raise RuntimeError(f"{tree}: ran the package at {result['package']}")
     return result
 
 
