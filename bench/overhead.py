@@ -164,7 +164,8 @@ def compare_cost(before: Path, after: Path, steps: int, reps: int, real: bool, r
                     best[name] = row
         b, a = best["before"], best["after"]
         if (b["jobs"], b["groups_run"], b["reads"]) != (a["jobs"], a["groups_run"], a["reads"]):
-            print(f"  note: different work before {b} and after {a}")
+            work = ("jobs", "groups_run", "reads")
+            print(f"  (before: {', '.join(f'{k} {b[k]}' for k in work)}; the row is after's)")
         per_b, per_a = b["cpu_s"] / b["jobs"] * 1e6, a["cpu_s"] / a["jobs"] * 1e6
         print(
             f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
