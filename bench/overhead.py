@@ -59,24 +59,11 @@ CHECKS: list[dict[str, Any]] = [
         "cache_fraction": 0.3,
         "eviction": "lru",
     },
-    {
-        "model": "qwen3.6-35b-a3b",
-        "profile": "thor",
-        "policy": "runahead",
-        "concurrency": 4,
-        "cache_fraction": 0.3,
-        "workload": "agentic",
-        "prefill_chunk": 256,
-    },
-    {
-        "model": "qwen3.6-35b-a3b",
-        "profile": "thor",
-        "policy": "sync",
-        "concurrency": 4,
-        "cache_fraction": 0.3,
-        "workload": "agentic",
-        "prefill_chunk": 256,
-    },
+    *(
+        {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": p, "concurrency": 4}
+        | {"cache_fraction": 0.3, "workload": "agentic", "prefill_chunk": 256}
+        for p in ("runahead", "sync")
+    ),
     {
         "model": "qwen3.6-35b-a3b",
         "profile": "thor",

@@ -139,13 +139,7 @@ class _TimerHandle(events.TimerHandle):
         loop: asyncio.AbstractEventLoop,
         context: contextvars.Context | None,
     ) -> None:
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _Handle.__init__(self, callback, args, loop, context)  # type: ignore[arg-type]
         self._when = when
         self._scheduled = False
 
