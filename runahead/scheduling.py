@@ -109,6 +109,7 @@ class ComputeQueue:
         self.grouping = grouping
         self._ready: dict[int, tuple[tuple[int, ...], int, Job]] = {}  # request -> (rank, arrival, job)
         self._seq = itertools.count()
+        self._group_of: dict[int, int] = {}  # lane -> its static group, worked out once
 
     def __len__(self) -> int:
         return len(self._ready)
@@ -188,10 +189,18 @@ class ComputeQueue:
     ) -> list[tuple[tuple[int, ...], int, Job]]:
         """Static groups wait for every member at the group's least progress to be ready."""
         by_group: dict[int, list[int]] = {}
+        group_of = self._group_of
         for request, lane in lanes.items():
             if request not in positions:
                 continue  # held at the step barrier
-            by_group.setdefault(self.grouping.group_of_lane(lane), []).append(request)
+            group = group_of.get(lane)
+            if group is None:
+                group = group_of[lane] = self.grouping.group_of_lane(lane)
+            members = by_group.get(group)
+            if members is None:
+                by_group[group] = [request]
+            else:
+                members.append(request)
         candidates: list[list[tuple[tuple[int, ...], int, Job]]] = []
         for requests in by_group.values():
             least = min(positions[r] for r in requests)
