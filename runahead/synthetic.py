@@ -7,6 +7,7 @@ trace is given.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -158,10 +159,21 @@ def synthetic_trace(
 
 
 def default_trace(model: ModelSpec, num_requests: int, num_steps: int, seed: int) -> RoutingTrace:
-    """The synthetic trace the bench uses for ``model``: default :class:`SyntheticRouting`, model's shape."""
-    return synthetic_trace(
-        model.num_layers, model.num_experts, model.top_k, num_requests, num_steps, seed, model=model.name
+    """The synthetic trace the bench uses for ``model``: default :class:`SyntheticRouting`, model's shape.
+
+    Built once per process for the same arguments: a trace is never changed once built, and the
+    bench's points that differ only in policy or cache size (most of the paper's) share one.
+    """
+    return _shared_trace(
+        model.num_layers, model.num_experts, model.top_k, num_requests, num_steps, seed, model.name
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_trace(
+    layers: int, experts: int, top_k: int, requests: int, steps: int, seed: int, name: str
+) -> RoutingTrace:
+    return synthetic_trace(layers, experts, top_k, requests, steps, seed, model=name)
 
 
 def _topic_paths(
