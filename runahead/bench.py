@@ -27,6 +27,7 @@ from runahead.metrics import (
     Recorder,
     RunMetrics,
     clip,
+    host_cpu,
     intersection_total,
     summarize,
     total,
@@ -244,6 +245,7 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         "reads": reads,
         "cpu_s": cpu,
         "wall_s": wall,
+        "host_cpu": host_cpu(),
     }
     if timeline is not None:
         timeline(runtime)
@@ -512,6 +514,7 @@ def format_overhead(rows: Sequence[dict[str, Any]]) -> str:
     """The runtime's CPU time per job, group and read of each row, and their split across rows."""
     lines = [
         "",
+        f"CPU time on {host_cpu()}:",
         f"{'policy':<28} {'conc':>4} {'cache':>5} {'jobs':>7} {'groups':>6} {'reads':>6} "
         f"{'us/job':>7} {'us/group':>8} {'us/read':>7}",
     ]

@@ -8,8 +8,11 @@ and the physical lower bound ``max(compute, fetch)`` no schedule can beat.
 
 from __future__ import annotations
 
+import functools
+import platform
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runahead.cache import CacheStats
@@ -78,6 +81,19 @@ class Recorder:
         """The experts a request's gate chose (kept only with ``record_selections``)."""
         if self.record_selections:
             self.selections.setdefault(request, []).append((step, layer, experts))
+
+
+@functools.cache
+def host_cpu() -> str:
+    """The model name of this machine's CPU (what ``lscpu`` calls "Model name"), for rows whose
+    CPU times depend on it; ``platform.processor()`` where ``/proc/cpuinfo`` does not say."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def union(intervals: list[Interval]) -> list[Interval]:

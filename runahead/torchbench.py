@@ -17,7 +17,7 @@ from typing import Any
 
 from runahead import loops
 from runahead.jobs import ExpertKey, RequestSpec
-from runahead.metrics import summarize
+from runahead.metrics import host_cpu, summarize
 from runahead.policy import check_concurrency
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
@@ -143,6 +143,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone
         "jobs": jobs,
         "wall_s": wall,
+        "host_cpu": host_cpu(),
         "direct_io": direct_io,
         "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
         "prompt_0": list(requests[0].prompt),

@@ -75,6 +75,7 @@ def test_bench_rows_report_overhead_per_job_group_and_read() -> None:
     assert row["overhead_us_per_job"] == pytest.approx(row["cpu_s"] / row["jobs"] * 1e6)
     assert row["overhead_us_per_group"] == pytest.approx(row["cpu_s"] / row["groups_run"] * 1e6)
     assert row["overhead_us_per_read"] == pytest.approx(row["cpu_s"] / row["reads"] * 1e6)
+    assert isinstance(row["host_cpu"], str) and row["host_cpu"]  # the machine the times are from
 
 
 def test_charging_overhead_slows_the_simulated_run_down() -> None:

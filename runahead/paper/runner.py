@@ -26,9 +26,10 @@ Row = dict[str, Any]
 Progress = Callable[[int, int, Point, Row], None]
 
 TIMING_FIELDS = frozenset(
-    {"wall_s", "cpu_s", "overhead_us_per_job", "overhead_us_per_group", "overhead_us_per_read"}
+    {"wall_s", "cpu_s", "overhead_us_per_job", "overhead_us_per_group", "overhead_us_per_read", "host_cpu"}
 )
-"""Row fields measured on the host (they differ between runs); every other field is deterministic."""
+"""Row fields measured on (or naming) the host: they differ between runs and machines; every other
+field is deterministic."""
 
 
 def point_key(point: Point) -> str:
