@@ -28,6 +28,7 @@ GGUF_ARCH = {
     "mixtral": "llama",
     "qwen3_5_moe": "qwen35moe",
     "gpt_oss": "gpt-oss",
+    "gemma4": "gemma4",
 }
 """Our ``model_type`` -> the GGUF ``general.architecture`` the converter writes."""
 
@@ -45,6 +46,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # GGUF's llama has no sliding window; llama.cpp renormalises Mixtral's top-k, as transformers does.
     "mixtral": {"intermediate_size": 96, "sliding_window": None},
     "qwen3_5_moe": {"moe_intermediate_size": 96, "shared_expert_intermediate_size": 64},
+    # Every expert and dense-MLP row in whole 32-weight blocks; experts stay fused (ffn_gate_up_exps).
+    "gemma4": {"hidden_size": 64, "moe_intermediate_size": 96, "intermediate_size": 64},
     # GGUF has no swiglu constants (llama.cpp: 7.0) and ggml truncates YaRN's correction range.
     "gpt_oss": {
         "hidden_size": 64,
@@ -148,8 +151,8 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
             found = gguf_gpt_oss.hf_experts(name, stored.__getitem__, int(name.split(".")[2]))
         elif part is not None:
             layer, expert, role = part
-            assert expert is not None, "tiny models are saved per expert"
-            found = stored[f"blk.{layer}.ffn_{role}_exps.weight"][expert]
+            found = stored[f"blk.{layer}.ffn_{role}_exps.weight"]  # Gemma 4: stacked, gate_up fused
+            found = found if expert is None else found[expert]
         else:
             target = gguf_name(name, config)
             found = stored[target]

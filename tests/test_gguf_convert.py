@@ -70,9 +70,12 @@ def test_what_cannot_be_converted_is_refused_by_name(tiny: Path, tmp_path: Path)
     other = tmp_path / "other"
     other.mkdir()
     config = json.loads((tiny / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "model_type": "gemma4_text"}))
-    with pytest.raises(ConvertError, match=r"model_type 'gemma4_text' \(GGUF gemma4\) is not converted yet"):
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "deepseek_v3"}))
+    with pytest.raises(ConvertError, match=r"model_type 'deepseek_v3' is not supported; convertible:"):
         convert(other, tmp_path / "x.gguf")
+    gemma4 = build_tiny_model("gemma4", tmp_path / "gemma4", **OVERRIDES["gemma4"])
+    with pytest.raises(ConvertError, match=r"Gemma 4's vocabulary .*'gemma4'.* \(--no-vocab\)"):
+        convert(gemma4, tmp_path / "x.gguf", "Q8_0")
     with pytest.raises(SystemExit) as exit_:
         main(["convert", str(other), str(tmp_path / "x.gguf")])
     assert exit_.value.code == 2
