@@ -3,8 +3,8 @@
 Tiny random models of each architecture are written as GGUF (llama.cpp's names and metadata, see
 :mod:`ggufhelpers`: ``runahead convert``) at Q4_0 and Q8_0. The judge is transformers on the
 *dequantized* weights: its own GGUF loader (``gguf_file=``) for qwen3moe; for the others, which
-transformers 5.24 cannot load from GGUF (olmoe, Mixtral as ``llama``, and qwen2moe with the
-converter's 2-D ``ffn_gate_inp_shexp``), the HF folder with every weight replaced by the GGUF's,
+transformers 5.24 cannot load from GGUF (olmoe, Mixtral as ``llama``, qwen2moe with the
+converter's 2-D ``ffn_gate_inp_shexp``, and the rest), the HF folder with every weight replaced by the GGUF's,
 dequantized with ``gguf.quants``. The runtime runs 8 requests at once with 8 cache slots for 24
 experts, reading the experts' quantized bytes from the file with O_DIRECT, under every policy.
 """
