@@ -20,10 +20,9 @@ For each architecture it builds the tiny model (with a byte-level BPE tokenizer)
 - loads ours with llama.cpp (``llama_cpp.Llama``) and decodes a few tokens.
 
 The converter refuses tokenizers it does not recognise by hash, so its pre-tokenizer lookup is
-patched to answer what ``runahead convert`` writes for the architecture. Gemma 4: the converter's
-vocabulary (tokenizer model ``gemma4``) needs a SentencePiece-style tokenizer, which ``runahead
-convert`` does not write (it refuses, ``--no-vocab``): the converter's ``set_vocab`` is patched to
-write none, as ``--no-vocab`` does, and llama.cpp (which needs a vocabulary) does not decode it.
+patched to answer what ``runahead convert`` writes for the architecture. Gemma 4 gets a tokenizer
+of Gemma's kind instead (BPE with byte fallback: ``ggufhelpers.save_gemma_tokenizer``), which the
+converter writes as tokenizer model ``gemma4``.
 """
 
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, "tests")
 import numpy as np
-from ggufhelpers import OVERRIDES
+from ggufhelpers import OVERRIDES, save_gemma_tokenizer
 
 from runahead.models.gguf_convert import PRE_TOKENIZER, convert
 from runahead.tokenizer import save_tokenizer
@@ -46,10 +45,6 @@ WORK = Path(tempfile.mkdtemp(prefix="gguf-check-"))
 IGNORED = {"general.name", "general.size_label"}  # the folder's name; the converter rounds sizes its way
 
 
-NO_VOCAB = ("gemma4",)
-"""Architectures converted without a vocabulary on both sides (see the module docstring)."""
-
-
 def run_converter(hf: Path, out: Path, outtype: str, pre: str, extra: tuple[str, ...] = ()) -> bool:
     runner = WORK / "run_conv.py"
     runner.write_text(f'''
@@ -57,9 +52,7 @@ import sys
 sys.argv = sys.argv[1:]
 sys.path.insert(0, "{LL}")
 import conversion.base as base
-import conversion.gemma as gemma
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "{pre}"
-gemma.Gemma4Model.set_vocab = lambda self: self.gguf_writer.add_tokenizer_model("none")
 import runpy
 runpy.run_path("{LL}/convert_hf_to_gguf.py", run_name="__main__")
 ''')
@@ -144,22 +137,18 @@ for arch in sys.argv[1:]:
     hf = build_tiny_model(arch, d / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)
-    pre = PRE_TOKENIZER.get(arch, "default")
-    vocab = arch not in NO_VOCAB
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)
+    pre = PRE_TOKENIZER.get(arch, "default")  # gemma4: its tokenizer model, no pre-tokenizer name
     for kind in ("F32", "F16", "Q8_0"):
         real = d / f"real-{kind}.gguf"
         # the tiny models have no multi-token-prediction layers (runahead convert writes none)
         extra = ("--no-mtp",) if arch.startswith("qwen3_5") else ()
         if run_converter(hf, real, kind.lower(), pre, extra):
-            compare(f"{arch} {kind}", real, convert(hf, d / f"ours-{kind}.gguf", kind, vocab=vocab)[0])
+            compare(f"{arch} {kind}", real, convert(hf, d / f"ours-{kind}.gguf", kind)[0])
     real_q4 = d / "real-Q4_0.gguf"
     llama_quantize(d / "real-F32.gguf", real_q4)
-    ours_q4 = convert(hf, d / "ours-Q4_0.gguf", "Q4_0", vocab=vocab)[0]
+    ours_q4 = convert(hf, d / "ours-Q4_0.gguf", "Q4_0")[0]
     compare(f"{arch} Q4_0 (llama_model_quantize --pure of the converter's F32)", real_q4, ours_q4)
-    if not vocab:
-        print(f"{arch}: written without a vocabulary, which llama.cpp needs to load a file: not decoded")
-        continue
     try:
         print(f"{arch}: llama.cpp loads our Q4_0 file and decodes {llama_cpp_decodes(ours_q4)}")
     except ValueError as err:  # llama.cpp's olmoe wants as many KV heads as heads (FACTS.md)

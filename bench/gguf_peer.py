@@ -11,7 +11,7 @@ Q4_0): llama.cpp (2 threads and 1, the whole file mapped) against runahead's tor
 expert resident, and with 30% of them cached, experts read from the file with O_DIRECT; ``--twin``:
 also the same model's safetensors folder, all resident), tokens/s.
 
-    PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
+    PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny [--arch gemma4 ...] --out bench/results/gguf-peer
     PYTHONPATH=$PWD python bench/gguf_peer.py medium FILE [--twin medium] --out bench/results/gguf-peer
 """
 
@@ -55,10 +55,14 @@ def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[i
     return out, first
 
 
-def tiny() -> list[dict[str, Any]]:
+TINY = ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe")
+"""``tiny``'s architectures by default (the table of docs/results-gguf.md; ``--arch gemma4`` too)."""
+
+
+def tiny(archs: tuple[str, ...] = TINY) -> list[dict[str, Any]]:
     import tempfile
 
-    from ggufhelpers import OVERRIDES
+    from ggufhelpers import OVERRIDES, save_gemma_tokenizer
     from test_torch_backend import PROMPTS, TOKENS, run
 
     from runahead.models.gguf_convert import convert
@@ -67,13 +71,13 @@ def tiny() -> list[dict[str, Any]]:
     from modelhelpers import build_tiny_model
 
     rows = []
-    for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe"):
+    for arch in archs:
         folder = Path(tempfile.mkdtemp(prefix=f"gguf-peer-{arch}-"))  # the models stay out of --out
         same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
         hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
         for stale in ("tokenizer.json", "tokenizer_config.json"):
             (hf / stale).unlink(missing_ok=True)
-        save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
+        (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)  # llama.cpp needs one
         for kind in ("F32", "Q8_0", "Q4_0"):
             path = convert(hf, folder / f"{kind}.gguf", kind)[0]
             ours, logits, _ = run(path, "runahead", requests=len(PROMPTS), slots=8, barrier=False)
@@ -159,12 +163,15 @@ def main() -> None:
     parser.add_argument("what", choices=["tiny", "medium"])
     parser.add_argument("file", nargs="?", type=Path, help="medium: the GGUF file")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--arch", action="append", help=f"tiny: an architecture (default: {' '.join(TINY)})")
     parser.add_argument("--steps", type=int, default=32, help="medium: decode steps timed")
     parser.add_argument("--twin", help="medium: also run this safetensors folder (or 'medium') all resident")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = tiny() if args.what == "tiny" else medium(args.file, args.steps, args.twin)
-    with (args.out / f"{args.what}.jsonl").open("w") as sink:
+    archs = tuple(args.arch or TINY)
+    rows = tiny(archs) if args.what == "tiny" else medium(args.file, args.steps, args.twin)
+    name = args.what if args.what == "medium" or archs == TINY else f"tiny-{'-'.join(archs)}"
+    with (args.out / f"{name}.jsonl").open("w") as sink:
         sink.writelines(json.dumps(row) + "\n" for row in rows)
 
 

@@ -195,3 +195,43 @@ def reference_model(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
         dtype=torch.float32,
         attn_implementation="eager",
     ).eval()
+
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
+"""Ids 0-3 of :func:`save_gemma_tokenizer`'s vocabulary, as in Gemma's."""
+
+
+def save_gemma_tokenizer(path: Path, vocab_size: int) -> None:
+    """A tokenizer of Gemma's kind in ``path``: BPE over text whose spaces are ``▁``, with byte
+    fallback to the 256 ``<0xNN>`` tokens (ids 4-259) and a ``Replace / ByteFallback / Fuse`` decoder;
+    trained offline on the package's corpus, with the ChatML template of :mod:`runahead.tokenizer` (what
+    llama.cpp's Gemma 4 converter reads as ``gemma4``; the byte-level BPE of the others is not one)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from runahead.tokenizer import CHAT_TEMPLATE, corpus
+
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    bpe = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    bpe.normalizer = normalizers.Replace(" ", "\u2581")
+    bpe.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    bpe.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    trainer = trainers.BpeTrainer(  # specials, then the bytes, then what it learns
+        vocab_size=vocab_size, special_tokens=[*GEMMA_SPECIALS, *byte_tokens], show_progress=False
+    )
+    bpe.train_from_iterator(corpus().splitlines(), trainer)
+    data = json.loads(bpe.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] in GEMMA_SPECIALS]  # bytes: vocab
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
+    )
+    fast.save_pretrained(str(path))

@@ -22,10 +22,12 @@ import torch
 from ggufhelpers import (
     GGUF_ARCH,
     LOGIT_TOLERANCE,
+    OVERRIDES,
     build_tiny_gguf,
     dequantized_folder,
     reference_model,
     retyped,
+    save_gemma_tokenizer,
     write_gguf,
 )
 from test_torch_backend import PROMPTS, TOKENS, run
@@ -257,22 +259,24 @@ def test_unsupported_resident_type_is_refused_by_name(q4: tuple[Path, Path], tmp
         load_model(path)
 
 
-def test_tokenizer_and_chat_template_come_from_the_metadata(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma4"])
+def test_tokenizer_and_chat_template_come_from_the_metadata(tmp_path: Path, arch: str) -> None:
+    """Byte-level BPE (``gpt2``), and Gemma's BPE with byte fallback (llama.cpp's ``gemma4``)."""
     from runahead.models.loader import load_tokenizer
     from runahead.tokenizer import CHAT_TEMPLATE, has_tokenizer, save_tokenizer
 
     from modelhelpers import VOCAB, build_tiny_model
 
-    hf = build_tiny_model("qwen3_moe", tmp_path / "hf", moe_intermediate_size=96, vocab_size=512)
+    hf = build_tiny_model(arch, tmp_path / "hf", **{**OVERRIDES[arch], "vocab_size": 512})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)
     path = write_gguf(hf, tmp_path / "tok.gguf", "Q8_0", tokenizer=True)
     assert has_tokenizer(path) and VOCAB < 512
     from transformers import AutoTokenizer
 
     ours, original = load_tokenizer(path), AutoTokenizer.from_pretrained(hf)
-    text = "the cat sat on the mat"
+    text = "the cat sat on the mat \u2603"  # a snowman: bytes the vocabularies do not hold whole
     assert ours.encode(text, add_special_tokens=False) == original.encode(text, add_special_tokens=False)
     chat = [{"role": "user", "content": "hello"}]
     assert ours.chat_template == CHAT_TEMPLATE

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ggufhelpers import OVERRIDES
+from ggufhelpers import OVERRIDES, save_gemma_tokenizer
 from test_torch_backend import run
 
 from runahead.cli import main
@@ -24,11 +24,12 @@ from modelhelpers import build_tiny_model
 
 
 def _with_bpe(arch: str, folder: Path) -> Path:
-    """A tiny ``arch`` model with a byte-level BPE tokenizer (llama.cpp needs a vocabulary)."""
+    """A tiny ``arch`` model with a byte-level BPE tokenizer (Gemma 4: Gemma's kind, BPE with byte
+    fallback); llama.cpp needs a vocabulary."""
     hf = build_tiny_model(arch, folder, **{**OVERRIDES[arch], "vocab_size": 512})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)
     return hf
 
 
@@ -74,7 +75,9 @@ def test_what_cannot_be_converted_is_refused_by_name(tiny: Path, tmp_path: Path)
     with pytest.raises(ConvertError, match=r"model_type 'deepseek_v3' is not supported; convertible:"):
         convert(other, tmp_path / "x.gguf")
     gemma4 = build_tiny_model("gemma4", tmp_path / "gemma4", **OVERRIDES["gemma4"])
-    with pytest.raises(ConvertError, match=r"Gemma 4's vocabulary .*'gemma4'.* \(--no-vocab\)"):
+    with pytest.raises(
+        ConvertError, match=r"Gemma 4's vocabulary must be a BPE with byte fallback.*\(--no-vocab\)"
+    ):
         convert(gemma4, tmp_path / "x.gguf", "Q8_0")
     with pytest.raises(SystemExit) as exit_:
         main(["convert", str(other), str(tmp_path / "x.gguf")])
@@ -106,7 +109,7 @@ def _llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gemma4"])
 def test_llama_cpp_gives_our_greedy_tokens_on_an_f32_file(tmp_path: Path, arch: str) -> None:
     pytest.importorskip("llama_cpp")
     path = convert(_with_bpe(arch, tmp_path / "hf"), tmp_path / "f32.gguf", "F32")[0]

@@ -5,7 +5,8 @@ package's ``GGUFWriter``: tensor names from ``gguf``'s own ``TensorNameMap`` (``
 ``blk.N.attn_q``, the router ``ffn_gate_inp``, ...), each layer's routed experts stacked into
 ``blk.N.ffn_{gate,up,down}_exps`` (from per-expert tensors or transformers' stacked ``gate_up_proj``),
 llama's q/k rows permuted for its interleaved RoPE, the ``<arch>.*`` and ``general.*`` metadata, and
-the tokenizer (byte-level BPE as ``gpt2``: tokens, token types, merges, special ids, chat template).
+the tokenizer (byte-level BPE as ``gpt2``: tokens, token types, merges, special ids, chat template;
+Gemma 4's BPE with byte fallback as ``gemma4``).
 Per-architecture changes live in their own modules: :mod:`~runahead.models.gguf_qwen35`,
 :mod:`~runahead.models.gguf_gpt_oss`, :mod:`~runahead.models.gguf_gemma4` (experts kept fused as
 ``ffn_gate_up_exps``).
@@ -308,7 +309,8 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
 
 def _add_tokenizer(writer: Any, folder: Path, config: dict[str, Any], pre: str | None) -> None:
     """The converter's ``_set_vocab_gpt2``: a byte-level BPE vocabulary, its merges, special ids and
-    chat template; ``tokenizer.ggml.model = none`` for a folder without ``tokenizer.json``."""
+    chat template (Gemma 4: :func:`runahead.models.gguf_gemma4.add_tokenizer`);
+    ``tokenizer.ggml.model = none`` for a folder without ``tokenizer.json``."""
     import gguf
 
     if not (folder / "tokenizer.json").is_file():
@@ -316,11 +318,12 @@ def _add_tokenizer(writer: Any, folder: Path, config: dict[str, Any], pre: str |
         writer.add_tokenizer_model("none")
         return
     if ARCHITECTURES[config["model_type"]] == gguf_gemma4.ARCH:
-        raise ConvertError(
-            f"{folder / 'tokenizer.json'}: Gemma 4's vocabulary (llama.cpp's tokenizer model 'gemma4': "
-            "BPE with byte fallback and scores) is not written yet; convert without a vocabulary "
-            "(--no-vocab) to write the weights alone"
-        )
+        try:
+            return gguf_gemma4.add_tokenizer(writer, folder)
+        except ValueError as err:
+            raise ConvertError(
+                f"{err}; convert without a vocabulary (--no-vocab) to write the weights alone"
+            ) from None
     raw = json.loads((folder / "tokenizer.json").read_text())
     model = raw.get("model", {})
     if model.get("type") != "BPE" or model.get("byte_fallback"):

@@ -17,12 +17,18 @@ widths (``attention.key_length`` / ``key_length_swa``), ``rope.freq_base`` / ``f
 ``attention.sliding_window_pattern`` (true for a sliding layer), ``final_logit_softcapping`` and
 the expert width. A global layer without ``attn_v`` reuses K as V (``attention_k_eq_v``).
 
-The converter's vocabulary (tokenizer model ``gemma4``: the SentencePiece-style BPE with byte
-fallback and scores) is not written by ``runahead convert`` (refused by name; ``--no-vocab``).
+The vocabulary is Gemma's SentencePiece-style BPE (``tokenizer.json``: BPE with byte fallback,
+``<0xNN>`` byte tokens, a ``Sequence`` decoder), written as llama.cpp's tokenizer model ``gemma4``
+(the converter's ``LlamaHfVocab`` reading): every token in id order, score ``-1000``, type ``BYTE``,
+``CONTROL`` (special), ``USER_DEFINED`` (other added tokens, and the chat markers llama.cpp must
+render) or ``NORMAL``; the merges, special ids and chat template; no leading space, BOS added.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +39,18 @@ ARCH = "gemma4"
 MODEL_TYPES = ("gemma4", "gemma4_text")
 NAMES = {"router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale"}
 """HF tensors the converter names itself (``blk.N.<name>``), not through ``gguf``'s name map."""
+VISIBLE = frozenset(
+    (
+        "<|channel>",
+        "<channel|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<tool_response|>",
+        '<|"|>',
+    )
+)
+"""Added tokens the converter marks ``USER_DEFINED`` so that llama.cpp prints them (chat parsing)."""
 UNTURNED = 1e30
 """The frequency factor of a pair proportional RoPE leaves still."""
 
@@ -85,6 +103,44 @@ def add_metadata(writer: Any, config: dict[str, Any]) -> None:
     writer.add_expert_feed_forward_length(c.intermediate_size)
     writer.add_rope_dimension_count(c.global_head_dim)  # proportional: rope_freqs stills the rest
     writer.add_rope_dimension_count_swa(c.head_dim)
+
+
+def add_tokenizer(writer: Any, folder: Path) -> None:
+    """The converter's ``Gemma4Model.set_vocab`` for the tokenizer in ``folder``; ValueError naming
+    what is wrong when ``tokenizer.json`` is not Gemma's kind (BPE with byte fallback)."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    model, decoder = raw.get("model", {}), raw.get("decoder") or {}
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or decoder.get("type") != "Sequence":
+        raise ValueError(
+            f"{folder / 'tokenizer.json'}: Gemma 4's vocabulary must be a BPE with byte fallback and a "
+            f"Sequence decoder, as Gemma's (this one: {model.get('type')}, byte_fallback="
+            f"{model.get('byte_fallback', False)}, decoder {decoder.get('type')})"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    base, by_id = int(tokenizer.vocab_size), {i: t for t, i in tokenizer.get_vocab().items()}
+    special = set(tokenizer.all_special_ids)
+    added = sorted((i, t) for t, i in tokenizer.get_added_vocab().items() if i >= base)
+    tokens, types = [], []
+    for index, token in [(i, by_id[i]) for i in range(base)] + added:
+        if index < base and re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
+            kind = gguf.TokenType.BYTE
+        elif index in special:
+            kind = gguf.TokenType.CONTROL
+        else:
+            kind = gguf.TokenType.NORMAL if index < base else gguf.TokenType.USER_DEFINED
+        tokens.append(token)
+        types.append(gguf.TokenType.USER_DEFINED if token in VISIBLE else kind)
+    writer.add_tokenizer_model(ARCH)
+    writer.add_token_list(tokens)
+    writer.add_token_scores([-1000.0] * len(tokens))
+    writer.add_token_types(types)
+    vocab = gguf.SpecialVocab(folder, load_merges=True)
+    vocab.add_special_token["bos"] = True  # the converter sets it after the special vocabulary
+    vocab.add_to_gguf(writer, quiet=True)
+    writer.add_add_space_prefix(False)
 
 
 def raw_config(key: Any, model: Any) -> dict[str, Any]:
