@@ -88,10 +88,13 @@ def build_tiny_gguf(
     return write_gguf(hf, folder / f"tiny-{kind}.gguf", kind, **options), hf
 
 
-def retyped(path: Path, out: Path, kind: str, names: tuple[str, ...]) -> Path:
+def retyped(
+    path: Path, out: Path, kind: str, names: tuple[str, ...], values: dict[str, np.ndarray] | None = None
+) -> Path:
     """A copy of the GGUF ``path`` at ``out`` with tensors ``names`` stored as ``kind``: requantized
     with ``gguf.quants`` where it can quantize ``kind`` (Q4_1, ...), else random bytes of the right
-    count (Q4_K, ...: only the type matters to a loader that must refuse it)."""
+    count (Q4_K, ...: only the type matters to a loader that must refuse it); ``values``: tensors
+    written with these float32 values instead."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
     reader = GGUFReader(path)
@@ -104,6 +107,9 @@ def retyped(path: Path, out: Path, kind: str, names: tuple[str, ...]) -> Path:
     qtype = GGMLQuantizationType[kind]
     for tensor in reader.tensors:
         shape = tuple(reversed([int(d) for d in tensor.shape]))
+        if values and tensor.name in values:
+            writer.add_tensor(tensor.name, values[tensor.name])
+            continue
         if tensor.name not in names:
             writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
             continue

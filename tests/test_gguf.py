@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from ggufhelpers import (
@@ -175,7 +176,6 @@ def test_disk_store_reads_the_files_bytes_into_byte_slots(q4: tuple[Path, Path])
 
 
 def test_dequantized_slot_equals_the_gguf_packages_dequantizer(q4: tuple[Path, Path]) -> None:
-    import numpy as np
     from gguf import GGUFReader, quants
 
     path, _ = q4
@@ -257,6 +257,17 @@ def test_unsupported_resident_type_is_refused_by_name(q4: tuple[Path, Path], tmp
     path = retyped(q4[0], tmp_path / "q8_1.gguf", "Q8_1", ("blk.1.attn_q.weight",))
     with pytest.raises(ModelLoadError, match=rf"{path}: tensor blk\.1\.attn_q\.weight has type Q8_1"):
         load_model(path)
+
+
+def test_gemma4_rope_freqs_that_are_not_proportional_rope_are_refused(tmp_path: Path) -> None:
+    path, _ = build_tiny_gguf("gemma4", tmp_path, "Q8_0")  # global heads 24 wide: 12 pairs, 3 turn
+    freqs = np.ones(12, dtype=np.float32)  # every pair turning: proportional RoPE over whole heads
+    whole = retyped(path, tmp_path / "whole.gguf", "F32", (), {"rope_freqs.weight": freqs})
+    assert load_gguf(whole)[0].config.full_rotary_fraction == 1.0
+    freqs[5] = 0.5  # a scaled frequency: not what proportional RoPE writes
+    bad = retyped(path, tmp_path / "bad.gguf", "F32", (), {"rope_freqs.weight": freqs})
+    with pytest.raises(ModelLoadError, match=rf"{bad}: tensor rope_freqs\.weight \[12\] is not proportional"):
+        load_gguf(bad)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gemma4"])

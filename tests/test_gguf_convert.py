@@ -84,6 +84,25 @@ def test_what_cannot_be_converted_is_refused_by_name(tiny: Path, tmp_path: Path)
     assert exit_.value.code == 2
 
 
+def test_gemma4_hub_folder_converts_as_its_text_model(tmp_path: Path) -> None:
+    """The hub's ``Gemma4ForConditionalGeneration`` folder (``text_config``, ``model.language_model.``,
+    global heads as ``global_head_dim``): the same file as transformers' ``gemma4_text`` folder."""
+    from gguf import GGUFReader
+
+    from mlxhelpers import hub_wrap
+
+    tied = {**OVERRIDES["gemma4"], "tie_word_embeddings": True}  # as the hub's (no lm_head tensor)
+    text = build_tiny_model("gemma4", tmp_path / "text", **tied)
+    hub = build_tiny_model("gemma4", tmp_path / "hub", **tied)
+    hub_wrap(hub)
+    files = [GGUFReader(convert(f, tmp_path / f"{f.name}.gguf", "Q8_0", vocab=False)[0]) for f in (text, hub)]
+    fields = [{k: f.contents() for k, f in r.fields.items() if k not in ("general.name",)} for r in files]
+    assert fields[0] == fields[1] and fields[0]["gemma4.attention.head_count_kv"] == [2, 1, 2, 1]
+    tensors = [{t.name: np.asarray(t.data).tobytes() for t in r.tensors} for r in files]
+    assert tensors[0] == tensors[1] and "blk.0.ffn_gate_up_exps.weight" in tensors[0]
+    assert "output.weight" not in tensors[0]
+
+
 def test_mxfp4_checkpoints_are_refused_by_name(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import save_file
