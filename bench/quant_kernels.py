@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 from torch import Tensor
 
-from runahead.models.layout import SlotFormat, SlotPart, stored_nbytes
 from runahead.models import qkernel
+from runahead.models.layout import SlotFormat, SlotPart, stored_nbytes
 from runahead.models.quant import dequantize_slot
 
 HIDDEN, INTER = 1024, 512
@@ -132,7 +132,7 @@ def run_int4(packed: list[tuple[Tensor, Tensor]], x: Tensor) -> Tensor:
 
 
 def run_qkernel(slot: Tensor, fmt: SlotFormat, x: Tensor) -> Tensor:
-    """The expert on the stored bytes (``runahead.models.qkernel``, as ``MoEModel.stored_experts`` runs it)."""
+    """The expert on the stored bytes (``runahead.models.qkernel``) as ``MoEModel.stored_experts`` runs it."""
     kind, span, base = fmt.parts[0].kind, [(0, x.shape[0])], slot.data_ptr()
     gate_up = qkernel.grouped_product(x, [base], span, kind, 2 * INTER)
     h = F.silu(gate_up[:, :INTER]) * gate_up[:, INTER:]
@@ -149,72 +149,80 @@ def median_ms(fn: Callable[[int], Any], repeat: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: bool) -> list[dict[str, Any]]:
+    """One table row per row count (each option's median ms and max difference), then one of extras."""
+    rng = np.random.default_rng(0)
+    made = [make_slot(kind, rng) for _ in range(experts)]
+    slots, fmt = [s for s, _ in made], made[0][1]
+    numel = 3 * HIDDEN * INTER
+    scratch = torch.empty(numel)
+    reference = [dequant_current(s, fmt, torch.empty(numel)).clone() for s in slots]
+    inputs = {r: torch.randn(r, HIDDEN) for r in rows}
+    expected = {r: run_expert(reference[0], x) for r, x in inputs.items()}
+    dequantizers = {n: dq for n, dq in DEQUANTIZERS.items() if n != "lut" or kind == "Q4_0"}
+    options: dict[str, Callable[[int, Tensor], Tensor]] = {
+        "f32-resident": lambda i, x: run_expert(reference[i % experts], x)
+    }
+    for name, dq in dequantizers.items():
+        options[f"dequant-{name}"] = lambda i, x, dq=dq: run_expert(dq(slots[i % experts], fmt, scratch), x)
+    if qkernel.available():
+        options["qkernel"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x)
+    extra: dict[str, Any] = {"kind": kind, "threads": torch.get_num_threads()}
+    if kind == "Q4_0":
+        start = time.perf_counter()
+        packed = [pack_int4(s, fmt) for s in slots]
+        extra["int4pack_pack_ms_per_expert"] = 1e3 * (time.perf_counter() - start) / experts
+        options["int4pack"] = lambda i, x: run_int4(packed[i % experts], x)
+    if compile_too:
+        start = time.perf_counter()
+        compiled = torch.compile(dequant_signed, dynamic=False)
+        compiled(slots[0], fmt, scratch)
+        extra["compile_s"] = time.perf_counter() - start
+        options["compiled"] = lambda i, x: run_expert(compiled(slots[i % experts], fmt, scratch), x)
+    for name, dq in dequantizers.items():
+        extra[f"dequant_only_ms_{name}"] = median_ms(
+            lambda i, dq=dq: dq(slots[i % experts], fmt, scratch), repeat
+        )
+        if name != "lut":
+            extra[f"dequant_exact_{name}"] = torch.equal(dq(slots[0], fmt, scratch), reference[0])
+    table = []
+    perm = torch.arange(HIDDEN).view(-1, 2, 16).transpose(1, 2).reshape(-1)  # the table's interleaved order
+    for r in rows:
+        row: dict[str, Any] = {"kind": kind, "rows": r}
+        for name, fn in options.items():
+            x = inputs[r][:, perm].contiguous() if name == "dequant-lut" else inputs[r]
+            row[name + "_ms"] = round(median_ms(lambda i, x=x, fn=fn: fn(i, x), repeat), 3)
+            if name != "dequant-lut":  # its columns are permuted: timed only
+                row[name + "_maxdiff"] = float((fn(0, x) - expected[r]).abs().max())
+        table.append(row)
+        print(json.dumps(row))
+    print(json.dumps(extra))
+    return [*table, extra]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", default="1,2,4,8")
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--experts", type=int, default=48, help="distinct slots to rotate over")
     parser.add_argument("--kinds", default="Q4_0,Q8_0")
-    parser.add_argument("--compile", action="store_true", help="also time the dequantizer under torch.compile")
+    parser.add_argument("--threads", type=int, help="torch's (and the kernel's) threads; default torch's")
+    parser.add_argument(
+        "--compile", action="store_true", help="also time the dequantizer under torch.compile"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    rows = [int(r) for r in args.rows.split(",")]
-    results: list[dict[str, Any]] = []
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    for kind in args.kinds.split(","):
-        made = [make_slot(kind, rng) for _ in range(args.experts)]
-        slots, fmt = [s for s, _ in made], made[0][1]
-        numel = 3 * HIDDEN * INTER
-        scratch = torch.empty(numel)
-        reference = [dequant_current(s, fmt, torch.empty(numel)).clone() for s in slots]
-        inputs = {r: torch.randn(r, HIDDEN) for r in rows}
-        expected = {r: run_expert(reference[0], x) for r, x in inputs.items()}
-        options: dict[str, Callable[[int, Tensor], Tensor]] = {
-            "f32-resident": lambda i, x: run_expert(reference[i % len(reference)], x)
-        }
-        for name, dq in DEQUANTIZERS.items():
-            if name == "lut" and kind != "Q4_0":
-                continue
-            options[f"dequant-{name}"] = lambda i, x, dq=dq: run_expert(dq(slots[i % len(slots)], fmt, scratch), x)
-        if qkernel.available():
-            options["qkernel"] = lambda i, x: run_qkernel(slots[i % len(slots)], fmt, x)
-        extra: dict[str, float] = {}
-        if kind == "Q4_0":
-            start = time.perf_counter()
-            packed = [pack_int4(s, fmt) for s in slots]
-            extra["int4pack_pack_ms_per_expert"] = 1e3 * (time.perf_counter() - start) / len(slots)
-            options["int4pack"] = lambda i, x: run_int4(packed[i % len(packed)], x)
-        if args.compile:
-            start = time.perf_counter()
-            compiled = torch.compile(dequant_signed, dynamic=False)
-            compiled(slots[0], fmt, scratch)
-            extra["compile_s"] = time.perf_counter() - start
-            options["compiled"] = lambda i, x: run_expert(compiled(slots[i % len(slots)], fmt, scratch), x)
-        for name, dq in DEQUANTIZERS.items():
-            if name == "lut" and kind != "Q4_0":
-                continue
-            extra[f"dequant_only_ms_{name}"] = median_ms(lambda i, dq=dq: dq(slots[i % len(slots)], fmt, scratch), args.repeat)
-            if name != "lut":
-                got = dq(slots[0], fmt, scratch)
-                extra[f"dequant_exact_{name}"] = float(torch.equal(got, reference[0]))
-        for r in rows:
-            x = inputs[r]
-            row: dict[str, Any] = {"kind": kind, "rows": r}
-            for name, fn in options.items():
-                xs = x
-                if name == "dequant-lut":  # columns permuted to the table's interleaved order
-                    perm = torch.arange(HIDDEN).view(-1, 2, 16).transpose(1, 2).reshape(-1)
-                    xs = x[:, perm].contiguous()
-                    row[name + "_ms"] = round(median_ms(lambda i, xs=xs, fn=fn: fn(i, xs), args.repeat), 3)
-                    continue
-                got = fn(0, xs)
-                row[name + "_ms"] = round(median_ms(lambda i, xs=xs, fn=fn: fn(i, xs), args.repeat), 3)
-                row[name + "_maxdiff"] = float((got - expected[r]).abs().max())
-            results.append(row)
-            print(json.dumps(row))
-        print(json.dumps({"kind": kind, **{k: round(v, 4) for k, v in extra.items()}}))
-        results.append({"kind": kind, **extra})
+    rows = [int(r) for r in args.rows.split(",")]
+    results = [
+        r
+        for kind in args.kinds.split(",")
+        for r in measure(kind, rows, args.repeat, args.experts, args.compile)
+    ]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("".join(json.dumps(r) + "\n" for r in results))

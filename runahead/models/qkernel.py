@@ -60,7 +60,7 @@ def grouped_product(
     if kind not in KINDS:
         raise ValueError(f"the kernel multiplies {', '.join(KINDS)}, not {kind}")
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
-        raise ValueError(f"rows must be a 2-d float32 CPU tensor, got {x.dtype} {tuple(x.shape)} on {x.device}")
+        raise ValueError(f"rows must be 2-d float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
     x = x.contiguous()
     y = torch.zeros(x.shape[0], n) if _leaves_gaps(spans, x.shape[0]) else torch.empty(x.shape[0], n)
     count = len(spans)
@@ -95,7 +95,7 @@ def _library() -> ctypes.CDLL | None:
     try:
         library = ctypes.CDLL(str(_build()))
     except (OSError, subprocess.SubprocessError) as error:
-        log.info("quantized product kernel off: build failed (%s); stored experts are dequantized instead", error)
+        log.info("quantized product kernel off: build failed (%s); stored experts are dequantized", error)
         return None
     function = library.runahead_grouped_product
     function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3]
@@ -114,7 +114,8 @@ def _unusable() -> str | None:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return "cannot read /proc/cpuinfo for the CPU's features"
-    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+    lines = (line.split(":", 1)[1] for line in info.splitlines() if line.startswith("flags"))
+    flags = set(next(lines, "").split())
     missing = CPU_FLAGS - flags
     return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
 
@@ -131,6 +132,7 @@ def _build() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], check=True, capture_output=True, timeout=120)
+        command = [compiler, *FLAGS, str(SOURCE), "-o", str(built)]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
         os.replace(built, target)  # atomic: a concurrent build of the same source writes the same file
     return target
