@@ -8,7 +8,9 @@ float32 reference on the dequantized weights (max abs difference) and times it (
 
 - ``f32-resident``: matmuls only on float32 weights already in memory (what a slot of dequantized
   weights, or a reuse cache hit, costs; the lower bound for any dequantizer)
-- ``dequant-<name>``: a dequantizer (see ``DEQUANTIZERS``) into one reused float32 scratch, then the matmuls
+- ``dequant-<name>``: a dequantizer into one reused float32 scratch, then the matmuls: ``previous``
+  (the project's before this bench), ``current`` (``runahead.models.quant`` now), ``signed`` (the
+  whole slot at once, one fused int8 * float32 product per half), ``lut`` (a byte -> two weights table)
 - ``int4pack``: torch's CPU int4 weight-only kernel on weights packed once (the pack time is
   reported apart: it would run at slot install time)
 - ``compiled``: the fast dequantizer under ``torch.compile`` (with ``--compile``; its compile time
@@ -63,8 +65,31 @@ def run_expert(w: Tensor, x: Tensor) -> Tensor:
 
 
 def dequant_current(slot: Tensor, fmt: SlotFormat, out: Tensor) -> Tensor:
-    """The dequantizer of the current code path, part by part."""
+    """The dequantizer of the current code path (``runahead.models.quant``), part by part."""
     return dequantize_slot(slot, fmt, torch.float32, out)
+
+
+def dequant_previous(slot: Tensor, fmt: SlotFormat, out: Tensor) -> Tensor:
+    """The dequantizer before this bench (``quant.py`` at commit 2e67dc1), part by part: nibbles
+    copied into float32, then ``- 8`` and ``* d`` as two more passes (Q8_0: copy, then ``* d``)."""
+    at = 0
+    for part in fmt.parts:
+        n = part.shape[0] * part.shape[1]
+        data, weights = slot[part.start : part.stop], out[at : at + n]
+        if part.kind == "Q8_0":
+            blocks = data.view(-1, 34)
+            scale = blocks[:, :2].contiguous().view(torch.float16).float()
+            weights.view(-1, 32).copy_(blocks[:, 2:].contiguous().view(torch.int8))
+            weights.view(-1, 32).mul_(scale)
+        else:
+            blocks = data.view(-1, 18)
+            scale = blocks[:, :2].contiguous().view(torch.float16).float()
+            halves = weights.view(-1, 2, 16)
+            halves[:, 0].copy_(blocks[:, 2:] & 0x0F)
+            halves[:, 1].copy_(blocks[:, 2:] >> 4)
+            halves.sub_(8).mul_(scale.unsqueeze(-1))
+        at += n
+    return out[:at]
 
 
 def dequant_signed(slot: Tensor, fmt: SlotFormat, out: Tensor) -> Tensor:
@@ -102,6 +127,7 @@ _byte = torch.arange(256)
 LUT = torch.stack(((_byte & 15) - 8, (_byte >> 4) - 8), dim=1).float()
 
 DEQUANTIZERS: dict[str, Callable[[Tensor, SlotFormat, Tensor], Tensor]] = {
+    "previous": dequant_previous,
     "current": dequant_current,
     "signed": dequant_signed,
     "lut": dequant_lut,

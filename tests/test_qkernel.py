@@ -2,7 +2,8 @@
 
 Judged against float64 products with the ``gguf`` package's dequantized weights; and, inside a tiny
 GGUF model, against the dequantize-then-matmul path it replaces (tests/test_gguf.py checks the
-model's tokens and logits against transformers through it).
+model's tokens and logits against transformers through it). And that path's dequantizer
+(runahead.models.quant), bit for bit against the gguf package's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ggufhelpers import build_tiny_gguf
 from runahead.models import qkernel
 from runahead.models.base import ExpertRows
 from runahead.models.loader import load_model, load_reference_slot
+from runahead.models.quant import dequantize
 
 needs_kernel = pytest.mark.skipif(not qkernel.available(), reason="no AVX2/FMA/F16C CPU or C compiler here")
 
@@ -29,6 +31,16 @@ def _matrix(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.T
     data = quants.quantize(rng.standard_normal((n, k), dtype=np.float32), GGMLQuantizationType[kind])
     weights = quants.dequantize(data, GGMLQuantizationType[kind])
     return torch.from_numpy(data.reshape(-1).copy()), torch.from_numpy(weights)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_dequantize_equals_the_gguf_packages_dequantizer_bit_for_bit(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    scales = np.exp(3 * rng.standard_normal((64, 1))).astype(np.float32)  # tiny to large fp16 scales
+    ggml = GGMLQuantizationType[kind]
+    data = quants.quantize(rng.standard_normal((64, 256), dtype=np.float32) * scales, ggml)
+    got = dequantize(torch.from_numpy(data.reshape(-1).copy()), kind, (64, 256))
+    assert np.array_equal(got.numpy(), quants.dequantize(data, ggml))
 
 
 @needs_kernel
