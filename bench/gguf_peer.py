@@ -8,7 +8,8 @@ position (before any token differs).
 
 ``medium FILE``: single-request greedy decode on one GGUF (e.g. the medium model converted at
 Q4_0): llama.cpp (2 threads and 1, the whole file mapped) against runahead's torch backend (every
-expert resident, and with 30% of them cached, experts read from the file with O_DIRECT; ``--twin``:
+expert resident, and with 30% of them cached, experts read from the file with O_DIRECT; again all
+resident with the quantized product kernel off, each expert dequantized per group; ``--twin``:
 also the same model's safetensors folder, all resident), tokens/s.
 
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
@@ -121,21 +122,31 @@ def llama_cpp_decode(path: Path, steps: int, threads: int) -> dict[str, Any]:
 def medium(path: Path, steps: int, twin: str | None) -> list[dict[str, Any]]:
     import os
 
+    from runahead.models import qkernel
     from runahead.torchbench import TorchPoint, run_torch_point
 
     rows = [llama_cpp_decode(path, steps, 2), llama_cpp_decode(path, steps, 1)]
-    for fraction, store, preload in ((1.0, "host", True), (0.3, "disk", False)):
+    for fraction, store, preload, kernel in (
+        (1.0, "host", True, "on"),
+        (0.3, "disk", False, "on"),
+        (1.0, "host", True, "off"),
+    ):
+        os.environ["RUNAHEAD_QUANT_KERNEL"] = kernel  # off: each expert dequantized per group instead
+        qkernel._library.cache_clear()
         point = TorchPoint(
             str(path), "runahead", 1, fraction, steps, store=store, warmup_steps=4, preload=preload
         )
         result = run_torch_point(point)
         rows.append(
             {
-                "system": f"runahead torch, {int(fraction * 100)}% of experts cached, {store} store",
+                "system": f"runahead torch, {int(fraction * 100)}% of experts cached, {store} store"
+                + ("" if kernel == "on" else ", dequantized per group (kernel off)"),
                 "tokens_per_s": result["tokens_per_s"],
                 "fetches_per_step": result["fetches_per_step"],
             }
         )
+    os.environ.pop("RUNAHEAD_QUANT_KERNEL")
+    qkernel._library.cache_clear()
     if twin is not None:  # the same model as safetensors (bf16 on disk, float32 in the cache)
         point = TorchPoint(twin, "runahead", 1, 1.0, steps, store="host", warmup_steps=4, preload=True)
         result = run_torch_point(point)
