@@ -12,7 +12,12 @@ expert resident, and with 30% of them cached, experts read from the file with O_
 resident with the quantized product kernel off, each expert dequantized per group; ``--twin``:
 also the same model's safetensors folder, all resident), tokens/s.
 
+``tensors [--arch A]``: where the two runtimes part on the tiny ``A`` (default qwen3_5_moe): its F32
+file, the whole model at F16 and at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the
+F32 file; the first-position logit gap between the runtimes and each one's move from its F32 logits.
+
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
+    PYTHONPATH=$PWD:tests python bench/gguf_peer.py tensors --arch qwen3_5_moe --out bench/results/gguf-peer
     PYTHONPATH=$PWD python bench/gguf_peer.py medium FILE [--twin medium] --out bench/results/gguf-peer
 """
 
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGUFReader
 
 THREADS = 2  # as runahead's torch (2 intra-op threads on this machine)
 
@@ -56,25 +62,33 @@ def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[i
     return out, first
 
 
-def tiny() -> list[dict[str, Any]]:
+def tiny_folder(arch: str) -> tuple[Path, Path]:
+    """A tiny random ``arch`` model llama.cpp can load, in a new temporary folder: ``(folder, HF folder)``."""
     import tempfile
 
     from ggufhelpers import OVERRIDES
-    from test_torch_backend import PROMPTS, TOKENS, run
 
-    from runahead.models.gguf_convert import convert
     from runahead.tokenizer import save_tokenizer
 
     from modelhelpers import build_tiny_model
 
+    folder = Path(tempfile.mkdtemp(prefix=f"gguf-peer-{arch}-"))  # the models stay out of --out
+    same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
+    hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
+    for stale in ("tokenizer.json", "tokenizer_config.json"):
+        (hf / stale).unlink(missing_ok=True)
+    save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
+    return folder, hf
+
+
+def tiny() -> list[dict[str, Any]]:
+    from test_torch_backend import PROMPTS, TOKENS, run
+
+    from runahead.models.gguf_convert import convert
+
     rows = []
     for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe"):
-        folder = Path(tempfile.mkdtemp(prefix=f"gguf-peer-{arch}-"))  # the models stay out of --out
-        same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
-        hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
-        for stale in ("tokenizer.json", "tokenizer_config.json"):
-            (hf / stale).unlink(missing_ok=True)
-        save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
+        folder, hf = tiny_folder(arch)
         for kind in ("F32", "Q8_0", "Q4_0"):
             path = convert(hf, folder / f"{kind}.gguf", kind)[0]
             ours, logits, _ = run(path, "runahead", requests=len(PROMPTS), slots=8, barrier=False)
@@ -97,6 +111,61 @@ def tiny() -> list[dict[str, Any]]:
             }
             print(json.dumps(row))
             rows.append(row)
+    return rows
+
+
+def first_logits(path: Path) -> tuple[list[np.ndarray[Any, Any]], list[np.ndarray[Any, Any]]]:
+    """Runahead's and llama.cpp's logits at each tiny prompt's last position, on the file ``path``."""
+    from test_torch_backend import PROMPTS, run
+
+    _, logits, _ = run(path, "sync", requests=len(PROMPTS), slots=64, barrier=False)
+    theirs = []
+    for prompt in PROMPTS:
+        llm = open_llama(path, THREADS)
+        llm.eval(prompt)
+        theirs.append(np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32))
+    return [logits[i][0].numpy() for i in range(len(PROMPTS))], theirs
+
+
+def tensors(arch: str) -> list[dict[str, Any]]:
+    """Where the two runtimes part on a tiny ``arch`` model: its F32 file, the whole model at F16 and
+    Q8_0, then the F32 file with one kind of tensor at a time requantized to Q8_0. Per file, the
+    largest first-position logit difference between the runtimes, and each runtime's own move from
+    its F32 logits: a tensor whose quantization moves both runtimes' logits far is one the model is
+    sensitive to, and llama.cpp's 8-bit activations feeding it move them as far again."""
+    from ggufhelpers import retyped
+
+    from runahead.models.gguf_convert import convert
+
+    folder, hf = tiny_folder(arch)
+    f32 = convert(hf, folder / "F32.gguf", "F32")[0]
+    base_ours, base_theirs = first_logits(f32)
+    files = {"F32": f32, "F16 all": convert(hf, folder / "F16.gguf", "F16")[0]}
+    files["Q8_0 all"] = convert(hf, folder / "Q8_0.gguf", "Q8_0")[0]
+    groups: dict[str, list[str]] = {}
+    for tensor in GGUFReader(files["Q8_0 all"]).tensors:
+        if tensor.tensor_type.name != "F32":  # per role: blk.N.attn_qkv.weight -> attn_qkv.weight
+            role = tensor.name.split(".", 2)[-1] if tensor.name.startswith("blk.") else tensor.name
+            groups.setdefault(role, []).append(tensor.name)
+    for role, names in sorted(groups.items()):
+        files[f"Q8_0 {role}"] = retyped(f32, folder / f"only-{role}.gguf", "Q8_0", tuple(names))
+
+    def gap(a: list[np.ndarray[Any, Any]], b: list[np.ndarray[Any, Any]]) -> float:
+        return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+    rows = []
+    for label, path in files.items():
+        ours, theirs = first_logits(path)
+        row = {
+            "arch": arch,
+            "file": label,
+            "runahead_vs_llama_cpp": gap(ours, theirs),
+            "runahead_vs_its_f32": gap(ours, base_ours),
+            "llama_cpp_vs_its_f32": gap(theirs, base_theirs),
+            "logit_std_f32": float(np.mean([x.std() for x in base_ours])),
+        }
+        print(json.dumps(row))
+        rows.append(row)
     return rows
 
 
@@ -167,15 +236,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["tiny", "medium"])
+    parser.add_argument("what", choices=["tiny", "medium", "tensors"])
     parser.add_argument("file", nargs="?", type=Path, help="medium: the GGUF file")
+    parser.add_argument("--arch", default="qwen3_5_moe", help="tensors: the tiny model's architecture")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=32, help="medium: decode steps timed")
     parser.add_argument("--twin", help="medium: also run this safetensors folder (or 'medium') all resident")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = tiny() if args.what == "tiny" else medium(args.file, args.steps, args.twin)
-    with (args.out / f"{args.what}.jsonl").open("w") as sink:
+    if args.what == "tensors":
+        rows, name = tensors(args.arch), f"tensors-{args.arch}"
+    else:
+        rows, name = tiny() if args.what == "tiny" else medium(args.file, args.steps, args.twin), args.what
+    with (args.out / f"{name}.jsonl").open("w") as sink:
         sink.writelines(json.dumps(row) + "\n" for row in rows)
 
 
