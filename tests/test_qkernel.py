@@ -81,17 +81,25 @@ def test_rows_outside_every_span_are_zero_and_bad_arguments_are_refused() -> Non
 
 @needs_kernel
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
-def test_the_moe_runs_stored_slots_without_a_dequantized_copy(tmp_path: Path, kind: str) -> None:
+def test_the_moe_runs_stored_slots_without_a_dequantized_copy(
+    tmp_path: Path, kind: str, monkeypatch: Any
+) -> None:
     path, _ = build_tiny_gguf("qwen3_moe", tmp_path, kind)
     model, layout = load_model(path)
     c = model.config
-    hidden = torch.randn(6, c.hidden_size)
-    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(6)])
-    weights = torch.softmax(torch.randn(6, c.top_k), dim=-1)
+    torch.manual_seed(0)
+    hidden = torch.randn(12, c.hidden_size)
+    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(12)])
+    weights = torch.softmax(torch.randn(12, c.top_k), dim=-1)
     experts = {e: load_reference_slot(layout, 1, e) for e in range(c.num_experts)}
     routing = ExpertRows.from_ids(ids, experts)
     out = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
     assert model._stored_kinds[1] == kind and not model._scratch  # no float32 copy of an expert was made
+    counts = sorted(stop - start for _, start, stop in routing.spans)
+    assert counts[0] < counts[-1]
+    monkeypatch.setattr(qkernel, "KERNEL_ROWS", counts[len(counts) // 2])  # the busier experts dequantized
+    mixed = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
+    assert model._scratch and (out - mixed).abs().max().item() < 1e-5
     model._stored_kinds[1] = None  # the dequantizing path
     dequantized = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
     assert model._scratch and (out - dequantized).abs().max().item() < 1e-5

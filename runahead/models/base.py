@@ -292,21 +292,30 @@ class MoEModel(ModelDescription):
         On CPU, for float32 rows and a layer whose ``gate``, ``up``, ``down`` share one such type, the
         products run on the stored bytes (:func:`runahead.models.qkernel.grouped_product`: gate and
         up as one ``[2I, H]`` product, as :meth:`run_expert` runs them), two calls for the whole group
-        and no float32 copy of any expert.
+        and no float32 copy of the experts. An expert with more than ``qkernel.KERNEL_ROWS`` rows (a
+        prefill chunk's) is dequantized and multiplied by torch instead, which is faster there.
         """
         kind = self._stored_kind(layer)
         if kind is None or rows.device.type != "cpu" or rows.dtype != torch.float32:
             return None
-        from runahead.models.qkernel import grouped_product
+        from runahead.models.qkernel import KERNEL_ROWS, grouped_product
 
         assert self.slot_formats is not None
         gate, _, down = self.slot_formats[layer].parts
-        inter = self.config.intermediate_size
-        runs = [(start, stop) for _, start, stop in spans]
-        slots = [experts[expert].data_ptr() for expert, _, _ in spans]
-        gate_up = grouped_product(rows, [s + gate.start for s in slots], runs, kind, 2 * inter)
-        hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])
-        return grouped_product(hidden, [s + down.start for s in slots], runs, kind, self.config.hidden_size)
+        inter, width = self.config.intermediate_size, self.config.hidden_size
+        few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= KERNEL_ROWS]
+        if few:
+            runs = [(start, stop) for _, start, stop in few]
+            gate_up = grouped_product(rows, [slot + gate.start for slot, _, _ in few], runs, kind, 2 * inter)
+            hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
+            out = grouped_product(hidden, [slot + down.start for slot, _, _ in few], runs, kind, width)
+        else:
+            out = torch.empty(rows.shape[0], width)
+        for expert, start, stop in spans:
+            if stop - start > KERNEL_ROWS:
+                weights = self.expert_weights(layer, experts[expert], rows.dtype)
+                out[start:stop] = self.run_expert(weights, rows[start:stop])
+        return out
 
     def _stored_kind(self, layer: int) -> str | None:
         """The one kernel type (Q4_0 / Q8_0) of ``layer``'s ``gate | up | down`` slots, or None."""

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 KINDS = {"Q4_0": 0, "Q8_0": 1}
 """Stored types the kernel multiplies (its ``kind`` codes)."""
 
+KERNEL_ROWS = 32
+"""Most rows one expert runs through the kernel; more (a prefill chunk's) go through dequantize-then-
+matmul, whose blocked float32 product wins once the dequantization is shared by enough rows
+(``bench/quant_kernels.py --rows 8,32,64,128``: the crossover lay between 32 and 64 rows here)."""
+
 SOURCE = Path(__file__).with_name("qkernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-pthread")
 CPU_FLAGS = {"avx2", "fma", "f16c"}
