@@ -15,7 +15,7 @@ mkdir -p "$(dirname "$GGUF")"
 # each expert dequantized into float32 per group (the path before it, and where no kernel can be built)
 for what in "q4_0 $GGUF on" "q4_0-dequant $GGUF off" "bf16 medium on"; do
   set -- $what
-  RUNAHEAD_QUANT_KERNEL=$3 python -m runahead bench --backend torch --model "$2" --store disk \
+  RUNAHEAD_QUANT_KERNEL=$3 python -m runahead bench --backend torch --model "$2" --store disk --dtype float32 \
     --policy sync,prefetch-gate,runahead --concurrency 8 --cache-fraction 0.3 --steps "$STEPS" --warmup-steps 4 \
     --quiet --out "bench/results/gguf-medium/$1"
 done

@@ -115,3 +115,15 @@ def test_the_kernel_can_be_switched_off(monkeypatch: Any) -> None:
     finally:
         monkeypatch.delenv("RUNAHEAD_QUANT_KERNEL")
         qkernel._library.cache_clear()
+
+
+@needs_kernel
+def test_auto_dtype_computes_a_gguf_in_float32_where_the_kernel_runs(tmp_path: Path) -> None:
+    from runahead.backends.torch import TorchBackend
+
+    path, _ = build_tiny_gguf("qwen3_moe", tmp_path, "Q4_0")
+    backend = TorchBackend.open(str(path), cache_slots=4, dtype="auto")
+    try:
+        assert backend.compute_dtype == "float32"
+    finally:
+        backend.close()
