@@ -14,7 +14,9 @@ also the same model's safetensors folder, all resident), tokens/s.
 
 ``tensors [--arch A]``: where the two runtimes part on the tiny ``A`` (default qwen3_5_moe): its F32
 file, the whole model at F16 and at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the
-F32 file; the first-position logit gap between the runtimes and each one's move from its F32 logits.
+F32 file; the first-position logit gap between the runtimes and each one's move from its F32 logits;
+for qwen3_5_moe, the attn_qkv file again with runahead rounding that projection's input to Q8_0 as
+llama.cpp's CPU dot products do.
 
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tensors --arch qwen3_5_moe --out bench/results/gguf-peer
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +131,51 @@ def first_logits(path: Path) -> tuple[list[np.ndarray[Any, Any]], list[np.ndarra
     return [logits[i][0].numpy() for i in range(len(PROMPTS))], theirs
 
 
+EMULATED = {"qwen3_5_moe": ("attn_qkv.weight", ".in_proj_qkv")}
+"""Per architecture, a tensor role whose Q8_0 file is rerun with runahead rounding the input of the
+projection (canonical weight name suffix) to Q8_0 blocks, as llama.cpp's CPU dot products do."""
+
+
+@contextmanager
+def q8_activations(suffix: str) -> Iterator[None]:
+    """Within: every ``F.linear`` of a backend opened here by a weight named ``*suffix`` first rounds
+    its input to ggml's Q8_0 (per 32 values ``d = max|x| / 127`` kept as fp16, ``q = round(x / d)``)."""
+    import torch
+    import torch.nn.functional as F
+
+    from runahead.backends.torch import TorchBackend
+
+    tagged: set[int] = set()
+    original, opened, linear = TorchBackend.__dict__["open"], TorchBackend.open, F.linear
+
+    def tagging(*args: Any, **kwargs: Any) -> Any:
+        backend = opened(*args, **kwargs)
+        tagged.update(id(w) for name, w in backend.model.weights.items() if name.endswith(suffix))
+        return backend
+
+    def rounded(x: Any, weight: Any, bias: Any = None) -> Any:
+        if id(weight) in tagged:
+            blocks = x.reshape(-1, 32).float()
+            d = blocks.abs().amax(-1, keepdim=True) / 127
+            q = torch.round(blocks * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+            x = (d.half().float() * q).reshape(x.shape).to(x.dtype)
+        return linear(x, weight, bias)
+
+    TorchBackend.open, F.linear = tagging, rounded  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        TorchBackend.open, F.linear = original, linear
+
+
 def tensors(arch: str) -> list[dict[str, Any]]:
     """Where the two runtimes part on a tiny ``arch`` model: its F32 file, the whole model at F16 and
-    Q8_0, then the F32 file with one kind of tensor at a time requantized to Q8_0. Per file, the
-    largest first-position logit difference between the runtimes, and each runtime's own move from
-    its F32 logits: a tensor whose quantization moves both runtimes' logits far is one the model is
-    sensitive to, and llama.cpp's 8-bit activations feeding it move them as far again."""
+        Q8_0, then the F32 file with one kind of tensor at a time requantized to Q8_0. Per file, the
+        largest first-position logit difference between the runtimes, and each runtime's own move from
+        its F32 logits: a tensor whose quantization moves both runtimes' logits far is one the model is
+        sensitive to, and llama.cpp's 8-bit activations feeding it move them as far again. Then (where
+    :data:`EMULATED` names a role) that role's file once more with runahead rounding the projection's
+    input as llama.cpp does: if the gap closes, llama.cpp's activation rounding is the whole difference."""
     from ggufhelpers import retyped
 
     from runahead.models.gguf_convert import convert
@@ -154,8 +197,13 @@ def tensors(arch: str) -> list[dict[str, Any]]:
         return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
 
     rows = []
-    for label, path in files.items():
-        ours, theirs = first_logits(path)
+    runs = [(label, path, None) for label, path in files.items()]
+    if arch in EMULATED:
+        role, suffix = EMULATED[arch]
+        runs.append((f"Q8_0 {role}, runahead rounding its input as llama.cpp", files[f"Q8_0 {role}"], suffix))
+    for label, path, emulated in runs:
+        with q8_activations(emulated) if emulated else nullcontext():
+            ours, theirs = first_logits(path)
         row = {
             "arch": arch,
             "file": label,

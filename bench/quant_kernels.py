@@ -3,8 +3,8 @@
 The medium model's expert shapes (hidden 1024, expert width 512: ``gate | up [512, 1024]``,
 ``down [1024, 512]``), 1 to 8 rows, float32 activations. Each option computes the same expert
 ``down(silu(gate x) * up x)`` from a slot of the file's bytes; the script checks each against the
-float32 reference on the dequantized weights (max abs difference) and times it (median of
-``--repeat``, rotating over ``--experts`` distinct slots so the quantized bytes are not all hot in cache):
+float32 reference on the dequantized weights (max abs difference) and times it (median and fastest
+of ``--repeat``, rotating over ``--experts`` distinct slots so the quantized bytes are not all hot in cache):
 
 - ``f32-resident``: matmuls only on float32 weights already in memory (what a slot of dequantized
   weights, or a reuse cache hit, costs; the lower bound for any dequantizer)
@@ -165,14 +165,16 @@ def run_qkernel(slot: Tensor, fmt: SlotFormat, x: Tensor) -> Tensor:
     return qkernel.grouped_product(h, [base + fmt.parts[2].start], span, kind, HIDDEN)
 
 
-def median_ms(fn: Callable[[int], Any], repeat: int) -> float:
+def timed_ms(fn: Callable[[int], Any], repeat: int) -> tuple[float, float]:
+    """``(median, fastest)`` milliseconds of ``repeat`` calls (after one warm-up): on a machine shared
+    with other work the fastest is the closest to the uncontended cost, the median what a run sees."""
     fn(0)
     times = []
     for i in range(repeat):
         start = time.perf_counter()
         fn(i)
         times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return 1e3 * statistics.median(times), 1e3 * min(times)
 
 
 def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: bool) -> list[dict[str, Any]]:
@@ -206,9 +208,8 @@ def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: 
         extra["compile_s"] = time.perf_counter() - start
         options["compiled"] = lambda i, x: run_expert(compiled(slots[i % experts], fmt, scratch), x)
     for name, dq in dequantizers.items():
-        extra[f"dequant_only_ms_{name}"] = median_ms(
-            lambda i, dq=dq: dq(slots[i % experts], fmt, scratch), repeat
-        )
+        only = timed_ms(lambda i, dq=dq: dq(slots[i % experts], fmt, scratch), repeat)
+        extra[f"dequant_only_ms_{name}"], extra[f"dequant_only_min_ms_{name}"] = only
         if name != "lut":
             extra[f"dequant_exact_{name}"] = torch.equal(dq(slots[0], fmt, scratch), reference[0])
     table = []
@@ -217,7 +218,8 @@ def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: 
         row: dict[str, Any] = {"kind": kind, "rows": r}
         for name, fn in options.items():
             x = inputs[r][:, perm].contiguous() if name == "dequant-lut" else inputs[r]
-            row[name + "_ms"] = round(median_ms(lambda i, x=x, fn=fn: fn(i, x), repeat), 3)
+            median, fastest = timed_ms(lambda i, x=x, fn=fn: fn(i, x), repeat)
+            row[name + "_ms"], row[name + "_min_ms"] = round(median, 3), round(fastest, 3)
             if name != "dequant-lut":  # its columns are permuted: timed only
                 row[name + "_maxdiff"] = float((fn(0, x) - expected[r]).abs().max())
         table.append(row)
