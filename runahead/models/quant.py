@@ -35,8 +35,9 @@ def dequantize(data: Tensor, kind: str, shape: tuple[int, ...], out: Tensor | No
     if kind == "Q8_0":
         blocks = data.view(-1, 34)
         scale = blocks[:, :2].contiguous().view(torch.float16).float()
-        # int8 times float32 in one pass: each weight widened and scaled as it is written
-        return torch.mul(blocks[:, 2:].view(torch.int8), scale, out=out.view(-1, 32)).view(shape)
+        weights = out.view(-1, 32)
+        weights.copy_(blocks[:, 2:].contiguous().view(torch.int8))
+        return weights.mul_(scale).view(shape)
     if kind == "Q4_0":
         blocks = data.view(-1, 18)
         scale = blocks[:, :2].contiguous().view(torch.float16).float()
