@@ -12,7 +12,7 @@ expert resident, and with 30% of them cached, experts read from the file with O_
 resident with the quantized product kernel off, each expert dequantized per group; ``--twin``:
 also the same model's safetensors folder, all resident), tokens/s.
 
-``tensors [--arch A]``: where the two runtimes part on the tiny ``A`` (default qwen3_5_moe): its F32
+``tensors [--arch A] [--top-k K]``: where the two runtimes part on the tiny ``A`` (default qwen3_5_moe): its F32
 file, the whole model at F16 and at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the
 F32 file; the first-position logit gap between the runtimes and each one's move from its F32 logits;
 for qwen3_5_moe, the attn_qkv file again with runahead rounding that projection's input to Q8_0 as
@@ -66,7 +66,7 @@ def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[i
     return out, first
 
 
-def tiny_folder(arch: str) -> tuple[Path, Path]:
+def tiny_folder(arch: str, **config: Any) -> tuple[Path, Path]:
     """A tiny random ``arch`` model llama.cpp can load, in a new temporary folder: ``(folder, HF folder)``."""
     import tempfile
 
@@ -78,7 +78,7 @@ def tiny_folder(arch: str) -> tuple[Path, Path]:
 
     folder = Path(tempfile.mkdtemp(prefix=f"gguf-peer-{arch}-"))  # the models stay out of --out
     same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
-    hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
+    hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width, **config})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
     save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
@@ -168,7 +168,7 @@ def q8_activations(suffix: str) -> Iterator[None]:
         TorchBackend.open, F.linear = original, linear
 
 
-def tensors(arch: str) -> list[dict[str, Any]]:
+def tensors(arch: str, top_k: int | None = None) -> list[dict[str, Any]]:
     """Where the two runtimes part on a tiny ``arch`` model: its F32 file, the whole model at F16 and
         Q8_0, then the F32 file with one kind of tensor at a time requantized to Q8_0. Per file, the
         largest first-position logit difference between the runtimes, and each runtime's own move from
@@ -180,7 +180,7 @@ def tensors(arch: str) -> list[dict[str, Any]]:
 
     from runahead.models.gguf_convert import convert
 
-    folder, hf = tiny_folder(arch)
+    folder, hf = tiny_folder(arch, **({"num_experts_per_tok": top_k} if top_k else {}))
     f32 = convert(hf, folder / "F32.gguf", "F32")[0]
     base_ours, base_theirs = first_logits(f32)
     files = {"F32": f32, "F16 all": convert(hf, folder / "F16.gguf", "F16")[0]}
@@ -206,6 +206,7 @@ def tensors(arch: str) -> list[dict[str, Any]]:
             ours, theirs = first_logits(path)
         row = {
             "arch": arch,
+            "top_k": top_k,
             "file": label,
             "runahead_vs_llama_cpp": gap(ours, theirs),
             "runahead_vs_its_f32": gap(ours, base_ours),
@@ -287,13 +288,15 @@ def main() -> None:
     parser.add_argument("what", choices=["tiny", "medium", "tensors"])
     parser.add_argument("file", nargs="?", type=Path, help="medium: the GGUF file")
     parser.add_argument("--arch", default="qwen3_5_moe", help="tensors: the tiny model's architecture")
+    parser.add_argument("--top-k", type=int, help="tensors: experts per token (the tiny model has 8 experts)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=32, help="medium: decode steps timed")
     parser.add_argument("--twin", help="medium: also run this safetensors folder (or 'medium') all resident")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "tensors":
-        rows, name = tensors(args.arch), f"tensors-{args.arch}"
+        rows = tensors(args.arch, args.top_k)
+        name = f"tensors-{args.arch}" + (f"-top{args.top_k}" if args.top_k else "")
     else:
         rows, name = tiny() if args.what == "tiny" else medium(args.file, args.steps, args.twin), args.what
     with (args.out / f"{name}.jsonl").open("w") as sink:
