@@ -12,8 +12,8 @@ expert resident, and with 30% of them cached, experts read from the file with O_
 resident with the quantized product kernel off, each expert dequantized per group; ``--twin``:
 also the same model's safetensors folder, all resident), tokens/s.
 
-``tensors [--arch A] [--top-k K]``: where the two runtimes part on the tiny ``A`` (default qwen3_5_moe): its F32
-file, the whole model at F16 and at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the
+``tensors [--arch A] [--top-k K]``: where the two runtimes part on the tiny ``A`` (default
+qwen3_5_moe; ``K`` experts per token instead of its 2): its F32 file, the whole model at F16 and at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the
 F32 file; the first-position logit gap between the runtimes and each one's move from its F32 logits;
 for qwen3_5_moe, the attn_qkv file again with runahead rounding that projection's input to Q8_0 as
 llama.cpp's CPU dot products do.
@@ -78,7 +78,8 @@ def tiny_folder(arch: str, **config: Any) -> tuple[Path, Path]:
 
     folder = Path(tempfile.mkdtemp(prefix=f"gguf-peer-{arch}-"))  # the models stay out of --out
     same_width = {"linear_value_head_dim": 8} if arch == "qwen3_5_moe" else {}  # llama.cpp's qwen35
-    hf = build_tiny_model(arch, folder / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width, **config})
+    options = {**OVERRIDES[arch], "vocab_size": 512, **same_width, **config}
+    hf = build_tiny_model(arch, folder / "hf", **options)
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
     save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
