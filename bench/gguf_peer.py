@@ -14,9 +14,10 @@ also the same model's safetensors folder, all resident), tokens/s.
 
 ``tensors [--arch A] [--top-k K]``: where the two runtimes part on the tiny ``A`` (default
 qwen3_5_moe; ``K`` experts per token instead of its 2): its F32 file, the whole model at F16 and
-at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the F32 file; the first-position logit gap between the runtimes and each one's move from its F32 logits;
-for qwen3_5_moe, the attn_qkv file again with runahead rounding that projection's input to Q8_0 as
-llama.cpp's CPU dot products do.
+at Q8_0, then one kind of tensor at a time requantized to Q8_0 in the F32 file; the first-position
+logit gap between the runtimes and each one's move from its F32 logits; for qwen3_5_moe, the
+attn_qkv file again with runahead rounding that projection's input to Q8_0 as llama.cpp's CPU dot
+products do.
 
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tensors --arch qwen3_5_moe --out bench/results/gguf-peer
