@@ -38,7 +38,8 @@ KINDS = {"Q4_0": 0, "Q8_0": 1}
 KERNEL_ROWS = 32
 """Most rows one expert runs through the kernel; more (a prefill chunk's) go through dequantize-then-
 matmul, whose blocked float32 product wins once the dequantization is shared by enough rows
-(``bench/quant_kernels.py --rows 8,32,64,128``: the crossover lay between 32 and 64 rows here)."""
+(``bench/quant_kernels.py --rows 16,32,64,128``: the kernel still won at 32 rows, not at 64 for Q8_0
+nor at 128 for either; ``docs/results-gguf.md``)."""
 
 SOURCE = Path(__file__).with_name("qkernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-pthread")
