@@ -19,7 +19,7 @@ logit gap between the runtimes and each one's move from its F32 logits; for qwen
 attn_qkv file again with runahead rounding that projection's input to Q8_0 as llama.cpp's CPU dot
 products do.
 
-    PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny --out bench/results/gguf-peer
+    PYTHONPATH=$PWD:tests python bench/gguf_peer.py tiny [--arch gemma4 ...] --out bench/results/gguf-peer
     PYTHONPATH=$PWD:tests python bench/gguf_peer.py tensors --arch qwen3_5_moe --out bench/results/gguf-peer
     PYTHONPATH=$PWD python bench/gguf_peer.py medium FILE [--twin medium] --out bench/results/gguf-peer
 """
@@ -67,11 +67,15 @@ def llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> tuple[list[i
     return out, first
 
 
+TINY = ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe")
+"""``tiny``'s architectures by default (the table of docs/results-gguf.md; ``--arch gemma4`` too)."""
+
+
 def tiny_folder(arch: str, **config: Any) -> tuple[Path, Path]:
     """A tiny random ``arch`` model llama.cpp can load, in a new temporary folder: ``(folder, HF folder)``."""
     import tempfile
 
-    from ggufhelpers import OVERRIDES
+    from ggufhelpers import OVERRIDES, save_gemma_tokenizer
 
     from runahead.tokenizer import save_tokenizer
 
@@ -83,17 +87,17 @@ def tiny_folder(arch: str, **config: Any) -> tuple[Path, Path]:
     hf = build_tiny_model(arch, folder / "hf", **options)
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)  # llama.cpp needs a vocabulary
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)  # llama.cpp needs one
     return folder, hf
 
 
-def tiny() -> list[dict[str, Any]]:
+def tiny(archs: tuple[str, ...] = TINY) -> list[dict[str, Any]]:
     from test_torch_backend import PROMPTS, TOKENS, run
 
     from runahead.models.gguf_convert import convert
 
     rows = []
-    for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "qwen3_5_moe"):
+    for arch in archs:
         folder, hf = tiny_folder(arch)
         for kind in ("F32", "Q8_0", "Q4_0"):
             path = convert(hf, folder / f"{kind}.gguf", kind)[0]
@@ -289,18 +293,25 @@ def main() -> None:
     )
     parser.add_argument("what", choices=["tiny", "medium", "tensors"])
     parser.add_argument("file", nargs="?", type=Path, help="medium: the GGUF file")
-    parser.add_argument("--arch", default="qwen3_5_moe", help="tensors: the tiny model's architecture")
     parser.add_argument("--top-k", type=int, help="tensors: experts per token (the tiny model has 8 experts)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--arch",
+        action="append",
+        help=f"tiny: an architecture (default: {' '.join(TINY)}); tensors: the one (qwen3_5_moe)",
+    )
     parser.add_argument("--steps", type=int, default=32, help="medium: decode steps timed")
     parser.add_argument("--twin", help="medium: also run this safetensors folder (or 'medium') all resident")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "tensors":
-        rows = tensors(args.arch, args.top_k)
-        name = f"tensors-{args.arch}" + (f"-top{args.top_k}" if args.top_k else "")
+        arch = args.arch[0] if args.arch else "qwen3_5_moe"
+        rows = tensors(arch, args.top_k)
+        name = f"tensors-{arch}" + (f"-top{args.top_k}" if args.top_k else "")
     else:
-        rows, name = tiny() if args.what == "tiny" else medium(args.file, args.steps, args.twin), args.what
+        archs = tuple(args.arch or TINY)
+        rows = tiny(archs) if args.what == "tiny" else medium(args.file, args.steps, args.twin)
+        name = args.what if args.what == "medium" or archs == TINY else f"tiny-{'-'.join(archs)}"
     with (args.out / f"{name}.jsonl").open("w") as sink:
         sink.writelines(json.dumps(row) + "\n" for row in rows)
 

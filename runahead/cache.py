@@ -10,7 +10,10 @@ slot each expert uses. Every entry is in one of three states:
 Pins are reference counts held by jobs from the moment they are issued until their compute ends.
 Only ``RESIDENT`` entries with refcount zero are evictable, so a pinned expert is never evicted.
 Prefetched experts enter with refcount zero; one evicted (or still unused at the end) before any
-job pins it counts as a wasted prefetch.
+job pins it counts as a wasted prefetch. A prefetch made for a request (``holder``) is *held* for it
+until that request's next job has pinned what it needs (:meth:`ExpertCache.release_prefetches`):
+the eviction policy does not see it before then (LFU would otherwise pick a fresh prefetch, used
+zero times, as the very next victim), and only a demand fetch that finds no other victim takes it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Entry:
     refcount: int = 0
     slot: int | None = None
     prefetched_unused: bool = False
+    holder: int | None = None
+    """The request a prefetch is held for, until its next job is issued (None: not held)."""
 
 
 @dataclass(slots=True)
@@ -67,7 +72,9 @@ class ExpertCache:
         self.stats = CacheStats()
         self._entries: dict[ExpertKey, Entry] = {}
         self._free_slots = list(range(slots - 1, -1, -1))
-        self._evictable = 0  # resident entries with refcount zero
+        self._evictable = 0  # resident entries with refcount zero, not held
+        self._holds: dict[int, list[ExpertKey]] = {}  # request -> prefetches held for it
+        self._held_idle: dict[ExpertKey, None] = {}  # resident, unpinned, held: oldest first
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -111,7 +118,7 @@ class ExpertCache:
 
     def can_reserve(self) -> bool:
         """Whether :meth:`reserve` would find a slot now (a free one or an evictable one)."""
-        return bool(self._free_slots) or self._evictable > 0
+        return bool(self._free_slots) or self._evictable > 0 or bool(self._held_idle)
 
     def is_idle(self) -> bool:
         """No pins and nothing in flight: what the cache looks like between runs."""
@@ -131,7 +138,9 @@ class ExpertCache:
             self._entries[key] = Entry(EntryState.WANTED, refcount=1)
             self.stats.misses += 1
             return False
-        if entry.refcount == 0 and entry.state is EntryState.RESIDENT:
+        if entry.holder is not None:
+            self._unhold(key, entry)
+        elif entry.refcount == 0 and entry.state is EntryState.RESIDENT:
             self._evictable -= 1  # the policy drops it lazily if it surfaces while pinned
         entry.refcount += 1
         entry.prefetched_unused = False
@@ -162,7 +171,11 @@ class ExpertCache:
                 entries[key] = Entry(EntryState.WANTED, refcount=1)
                 missing.append(key)
                 continue
-            if entry.state is resident:
+            if entry.holder is not None:
+                self._unhold(key, entry)
+                if entry.state is not resident:
+                    missing.append(key)
+            elif entry.state is resident:
                 if not entry.refcount:
                     evictable -= 1
             else:
@@ -218,11 +231,13 @@ class ExpertCache:
 
     # -- fetches ---------------------------------------------------------------------------------
 
-    def reserve(self, key: ExpertKey, *, prefetch: bool = False) -> int | None:
+    def reserve(self, key: ExpertKey, *, prefetch: bool = False, holder: int | None = None) -> int | None:
         """Give ``key`` a slot for a fetch about to start; return the slot, or None if none is free.
 
         A demand fetch turns a ``WANTED`` entry ``PENDING``; a prefetch creates a ``PENDING`` entry
-        with no pins. Evicts the policy's victim among unpinned resident entries if no slot is free.
+        with no pins, held for request ``holder`` if given. Evicts the policy's victim among
+        unpinned resident entries if no slot is free; a demand fetch that finds none takes the
+        oldest held prefetch (a prefetch never does).
         """
         entry = self._entries.get(key)
         if prefetch:
@@ -231,11 +246,15 @@ class ExpertCache:
         elif entry is None or entry.state is not EntryState.WANTED:
             state = "unknown" if entry is None else entry.state.value
             raise RuntimeError(f"demand fetch of {key}, which is {state}, not wanted")
-        slot = self._take_slot()
+        slot = self._take_slot(last_resort=not prefetch)
         if slot is None:
             return None
         if entry is None:
-            entry = self._entries[key] = Entry(EntryState.PENDING, slot=slot, prefetched_unused=True)
+            entry = self._entries[key] = Entry(
+                EntryState.PENDING, slot=slot, prefetched_unused=True, holder=holder
+            )
+            if holder is not None:
+                self._holds.setdefault(holder, []).append(key)
             self.stats.prefetches += 1
         else:
             entry.state, entry.slot = EntryState.PENDING, slot
@@ -249,8 +268,30 @@ class ExpertCache:
             raise RuntimeError(f"fetch completion for {key}, which is {entry.state.value}")
         entry.state = EntryState.RESIDENT
         if entry.refcount == 0:
-            self._evictable += 1
-            self.eviction.add(key)
+            if entry.holder is not None:
+                self._held_idle[key] = None
+            else:
+                self._evictable += 1
+                self.eviction.add(key)
+
+    def release_prefetches(self, request: int) -> None:
+        """``request``'s next job has pinned its experts (or the request ended): the prefetches held
+        for it become ordinary entries, evictable as the policy decides once unpinned."""
+        entries = self._entries
+        for key in self._holds.pop(request, ()):
+            entry = entries.get(key)
+            if entry is None or entry.holder != request:
+                continue  # used (pinned) or evicted meanwhile
+            entry.holder = None
+            if key in self._held_idle:
+                del self._held_idle[key]
+                self._evictable += 1
+                self.eviction.add(key)
+
+    def _unhold(self, key: ExpertKey, entry: Entry) -> None:
+        """A job pins a held prefetch: it is no longer held (nor idle)."""
+        entry.holder = None
+        self._held_idle.pop(key, None)
 
     def abort(self, key: ExpertKey) -> None:
         """The fetch of ``key`` failed: free its slot; the entry is ``WANTED`` again while pinned.
@@ -297,12 +338,21 @@ class ExpertCache:
 
     def _is_evictable(self, key: Hashable) -> bool:
         entry = self._entries.get(key)  # type: ignore[call-overload]
-        return entry is not None and entry.refcount == 0 and entry.state is EntryState.RESIDENT
+        return (
+            entry is not None
+            and entry.refcount == 0
+            and entry.state is EntryState.RESIDENT
+            and entry.holder is None
+        )
 
-    def _take_slot(self) -> int | None:
+    def _take_slot(self, last_resort: bool = False) -> int | None:
+        """A free slot, else the eviction policy's victim's, else (``last_resort``) the oldest
+        held prefetch's, else None."""
         if self._free_slots:
             return self._free_slots.pop()
         if not self._evictable:
+            if last_resort and self._held_idle:
+                return self._evict_held()
             return None
         victim: Hashable | None = self.eviction.pop_victim(self._is_evictable)
         if victim is None:
@@ -310,6 +360,16 @@ class ExpertCache:
         assert isinstance(victim, ExpertKey)
         entry = self._entries.pop(victim)
         self._evictable -= 1
+        self.stats.evictions += 1
+        if entry.prefetched_unused:
+            self.stats.wasted_prefetches += 1
+        assert entry.slot is not None and entry.refcount == 0
+        return entry.slot
+
+    def _evict_held(self) -> int:
+        key = next(iter(self._held_idle))
+        del self._held_idle[key]
+        entry = self._entries.pop(key)
         self.stats.evictions += 1
         if entry.prefetched_unused:
             self.stats.wasted_prefetches += 1

@@ -338,12 +338,12 @@ class PrefetchQueue:
     def discard(self, request: int) -> None:
         self._hints.pop(request, None)
 
-    def select(self, cache: ExpertCache) -> ExpertKey | None:
-        """The next expert to prefetch, or None."""
+    def select(self, cache: ExpertCache) -> tuple[ExpertKey, int] | None:
+        """The next expert to prefetch and the request it is predicted for, or None."""
         for request, (_, keys) in sorted(self._hints.items(), key=lambda item: (item[1][0], item[0])):
             for key in keys:
                 if cache.state(key) is None:
-                    return key
+                    return key, request
             del self._hints[request]
         return None
 

@@ -25,7 +25,6 @@ that slot waits for the event on the copy stream (:meth:`TorchBackend.fetch`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,17 +33,16 @@ from typing import Any, Literal
 import torch
 
 from runahead.backends.common import (
+    RequestLifecycle,
     SlotOwners,
-    admit,
     distinct_experts,
     input_tokens,
     row_spans,
-    take_logprobs,
 )
 from runahead.backends.dtypes import resolve_dtype
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
-from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
+from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 
 
 @dataclass(slots=True)
@@ -64,7 +62,7 @@ class _RequestState:
     token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
 
 
-class TorchBackend:
+class TorchBackend(RequestLifecycle[_RequestState]):
     """A :class:`runahead.backend.Backend` over a torch ``MoEModel``, an expert store and slots."""
 
     def __init__(
@@ -95,7 +93,7 @@ class TorchBackend:
         config = model.config
         self.num_layers: int = config.num_layers
         self.experts_per_job: int = config.top_k
-        self._requests: dict[int, _RequestState] = {}
+        super().__init__()
         self._owners = SlotOwners()
         self._cuda = self.slots.device.type == "cuda"
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
@@ -161,26 +159,14 @@ class TorchBackend:
 
     # -- request lifecycle -------------------------------------------------------------------------
 
-    def open_request(self, request: RequestSpec) -> None:
-        params = admit(request, self.model.config.vocab_size, "torch")
-        self._requests[request.request] = _RequestState(request, self.model.new_cache(), Sampler(params))
+    backend_name = "torch"
 
-    def close_request(self, request: int) -> None:
-        self._requests.pop(request, None)
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
 
-    def take_logprobs(self, request: int) -> StepLogprobs | None:
-        """What was scored for an open request since the last call (with ``logprobs`` or
-        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
-        return take_logprobs(self._requests.get(request))
-
-    def logits_of(self, request: int) -> list[torch.Tensor]:
-        """Logits of each generated token of an open request (with ``keep_logits``)."""
-        return self._requests[request].logits
-
-    def close(self) -> None:
-        """Stop the compute thread and close the store."""
-        self._compute_thread.shutdown(wait=True)
-        self.store.close()
+    def _new_state(self, request: RequestSpec, sampler: Sampler) -> _RequestState:
+        return _RequestState(request, self.model.new_cache(), sampler)
 
     # -- the link ----------------------------------------------------------------------------------
 
@@ -194,10 +180,6 @@ class TorchBackend:
         self._owners.filled(key, slot)
 
     # -- compute -----------------------------------------------------------------------------------
-
-    async def compute(self, group: Group) -> Sequence[JobResult]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._compute_thread, self._compute, group)
 
     @torch.inference_mode()
     def _compute(self, group: Group) -> list[JobResult]:
