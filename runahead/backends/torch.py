@@ -119,7 +119,8 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         (O_DIRECT reads of the model's safetensors files) or ``host`` (every expert copied into host
         memory once, pinned on CUDA). ``dtype`` is the compute and slot dtype, or its name
         (:func:`runahead.backends.dtypes.resolve_dtype`: ``auto`` is bfloat16 on CUDA and the faster
-        of float32 and bfloat16 at the model's shapes on CPU, measured once per process).
+        of float32 and bfloat16 at the model's shapes on CPU, measured once per process; float32 on
+        CPU for a GGUF file where the stored-expert kernel runs, :mod:`runahead.models.qkernel`).
         ``options`` go to the constructor.
         """
         from runahead.models import load_model
@@ -130,7 +131,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
-        if dtype == "auto" and torch.device(device).type == "cpu":
+        if dtype == "auto" and torch.device(device).type == "cpu" and _stored_kernel_applies(path):
+            dtype = torch.float32  # the stored-expert kernel multiplies float32 rows
+        elif dtype == "auto" and torch.device(device).type == "cpu":
             config = model_config(path)
             dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
         else:
@@ -429,6 +432,14 @@ class _Readback:
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record()
             done.synchronize()
+
+
+def _stored_kernel_applies(path: str) -> bool:
+    """Whether ``path`` is a GGUF file and the CPU kernel for stored Q4_0 / Q8_0 experts runs here."""
+    from runahead.models import qkernel
+    from runahead.models.gguf import is_gguf
+
+    return is_gguf(path) and qkernel.available()
 
 
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
