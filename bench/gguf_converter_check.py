@@ -8,7 +8,7 @@ llama-cpp-python's source archive and the wheel (FACTS.md):
     pip install --target /tmp/sp sentencepiece  # the converter imports it for llama (Mixtral)
     pip install llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl
     PYTHONPATH=$PWD:/tmp/sp python bench/gguf_converter_check.py \\
-        /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp qwen3_moe qwen2_moe olmoe mixtral
+        /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp qwen3_moe qwen2_moe olmoe mixtral gemma4
 
 For each architecture it builds the tiny model (with a byte-level BPE tokenizer) and
 
@@ -20,7 +20,9 @@ For each architecture it builds the tiny model (with a byte-level BPE tokenizer)
 - loads ours with llama.cpp (``llama_cpp.Llama``) and decodes a few tokens.
 
 The converter refuses tokenizers it does not recognise by hash, so its pre-tokenizer lookup is
-patched to answer what ``runahead convert`` writes for the architecture.
+patched to answer what ``runahead convert`` writes for the architecture. Gemma 4 gets a tokenizer
+of Gemma's kind instead (BPE with byte fallback: ``ggufhelpers.save_gemma_tokenizer``), which the
+converter writes as tokenizer model ``gemma4``.
 """
 
 import shutil
@@ -31,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, "tests")
 import numpy as np
-from ggufhelpers import OVERRIDES
+from ggufhelpers import OVERRIDES, save_gemma_tokenizer
 
 from runahead.models.gguf_convert import PRE_TOKENIZER, convert
 from runahead.tokenizer import save_tokenizer
@@ -135,8 +137,8 @@ for arch in sys.argv[1:]:
     hf = build_tiny_model(arch, d / "hf", **{**OVERRIDES[arch], "vocab_size": 512, **same_width})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)
-    pre = PRE_TOKENIZER[arch]
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)
+    pre = PRE_TOKENIZER.get(arch, "default")  # gemma4: its tokenizer model, no pre-tokenizer name
     for kind in ("F32", "F16", "Q8_0"):
         real = d / f"real-{kind}.gguf"
         # the tiny models have no multi-token-prediction layers (runahead convert writes none)

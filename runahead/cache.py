@@ -10,7 +10,10 @@ slot each expert uses. Every entry is in one of three states:
 Pins are reference counts held by jobs from the moment they are issued until their compute ends.
 Only ``RESIDENT`` entries with refcount zero are evictable, so a pinned expert is never evicted.
 Prefetched experts enter with refcount zero; one evicted (or still unused at the end) before any
-job pins it counts as a wasted prefetch.
+job pins it counts as a wasted prefetch. A prefetch made for a request (``holder``) is *held* for it
+until that request's next job has pinned what it needs (:meth:`ExpertCache.release_prefetches`):
+the eviction policy does not see it before then (LFU would otherwise pick a fresh prefetch, used
+zero times, as the very next victim), and only a demand fetch that finds no other victim takes it.
 """
 
 from __future__ import annotations
@@ -68,8 +71,11 @@ class ExpertCache:
         self._refs: dict[ExpertKey, int] = {}  # pinned experts (any state) -> pins
         self._resident: dict[ExpertKey, int] = {}  # -> slot, in the order they landed
         self._pending: dict[ExpertKey, int] = {}  # a read into the slot is in flight
-        self._idle: set[ExpertKey] = set()  # resident with no pins: the evictable ones
+        self._idle: set[ExpertKey] = set()  # resident with no pins, not held: the evictable ones
         self._unused: set[ExpertKey] = set()  # prefetched (pending or resident), never pinned since
+        self._holder: dict[ExpertKey, int] = {}  # a held prefetch -> the request it is held for
+        self._holds: dict[int, list[ExpertKey]] = {}  # request -> prefetches held for it
+        self._held_idle: dict[ExpertKey, None] = {}  # resident, unpinned, held: oldest first
         self._free_slots = list(range(slots - 1, -1, -1))
 
     # -- queries ---------------------------------------------------------------------------------
@@ -116,7 +122,7 @@ class ExpertCache:
 
     def can_reserve(self) -> bool:
         """Whether :meth:`reserve` would find a slot now (a free one or an evictable one)."""
-        return bool(self._free_slots) or bool(self._idle)
+        return bool(self._free_slots) or bool(self._idle) or bool(self._held_idle)
 
     def is_idle(self) -> bool:
         """No pins and nothing in flight: what the cache looks like between runs."""
@@ -147,6 +153,11 @@ class ExpertCache:
         _count_elements(self._refs, keys)
         if self._idle:
             self._idle.difference_update(keys)
+        if self._holder:  # a job pins a held prefetch: it is no longer held (nor idle)
+            holder, held_idle = self._holder, self._held_idle
+            for key in [key for key in keys if key in holder]:
+                del holder[key]
+                held_idle.pop(key, None)
         if self._unused:
             self._unused.difference_update(keys)
         missing = tuple(filterfalse(self._resident.__contains__, keys))
@@ -200,11 +211,13 @@ class ExpertCache:
 
     # -- fetches ---------------------------------------------------------------------------------
 
-    def reserve(self, key: ExpertKey, *, prefetch: bool = False) -> int | None:
+    def reserve(self, key: ExpertKey, *, prefetch: bool = False, holder: int | None = None) -> int | None:
         """Give ``key`` a slot for a fetch about to start; return the slot, or None if none is free.
 
         A demand fetch turns a ``WANTED`` entry ``PENDING``; a prefetch creates a ``PENDING`` entry
-        with no pins. Evicts the policy's victim among unpinned resident entries if no slot is free.
+        with no pins, held for request ``holder`` if given. Evicts the policy's victim among
+        unpinned resident entries if no slot is free; a demand fetch that finds none takes the
+        oldest held prefetch (a prefetch never does).
         """
         state = self.state(key)
         if prefetch:
@@ -212,12 +225,15 @@ class ExpertCache:
                 raise RuntimeError(f"prefetch of {key}, which is already {state.value}")
         elif state is not EntryState.WANTED:
             raise RuntimeError(f"demand fetch of {key}, which is {self._state_name(key)}, not wanted")
-        slot = self._take_slot()
+        slot = self._take_slot(last_resort=not prefetch)
         if slot is None:
             return None
         self._pending[key] = slot
         if prefetch:
             self._unused.add(key)
+            if holder is not None:
+                self._holder[key] = holder
+                self._holds.setdefault(holder, []).append(key)
             self.stats.prefetches += 1
         self.stats.fetches += 1
         return slot
@@ -229,8 +245,24 @@ class ExpertCache:
             raise RuntimeError(f"fetch completion for {key}, which is {self._state_name(key)}")
         self._resident[key] = slot
         if key not in self._refs:
-            self._idle.add(key)
-            self.eviction.add(key)
+            if key in self._holder:
+                self._held_idle[key] = None
+            else:
+                self._idle.add(key)
+                self.eviction.add(key)
+
+    def release_prefetches(self, request: int) -> None:
+        """``request``'s next job has pinned its experts (or the request ended): the prefetches held
+        for it become ordinary entries, evictable as the policy decides once unpinned."""
+        holder = self._holder
+        for key in self._holds.pop(request, ()):
+            if holder.get(key) != request:
+                continue  # used (pinned) or evicted meanwhile
+            del holder[key]
+            if key in self._held_idle:
+                del self._held_idle[key]
+                self._idle.add(key)
+                self.eviction.add(key)
 
     def abort(self, key: ExpertKey) -> None:
         """The fetch of ``key`` failed: free its slot; the entry is ``WANTED`` again while pinned.
@@ -243,7 +275,9 @@ class ExpertCache:
             raise RuntimeError(f"fetch failure for {key}, which is {self._state_name(key)}")
         self._free_slots.append(slot)
         self.stats.failed_fetches += 1
-        self._unused.discard(key)
+        if key not in self._refs:  # forgotten, with its prefetch marks
+            self._unused.discard(key)
+            self._holder.pop(key, None)
 
     def warm(self, keys: Iterable[ExpertKey]) -> None:
         """Load ``keys`` as if fetched and used once, before any job runs (no cost is charged).
@@ -272,10 +306,14 @@ class ExpertCache:
         state = self.state(key)
         return "unknown" if state is None else state.value
 
-    def _take_slot(self) -> int | None:
+    def _take_slot(self, last_resort: bool = False) -> int | None:
+        """A free slot, else the eviction policy's victim's, else (``last_resort``) the oldest
+        held prefetch's, else None."""
         if self._free_slots:
             return self._free_slots.pop()
         if not self._idle:
+            if last_resort and self._held_idle:
+                return self._evict_held()
             return None
         victim = self.eviction.pop_victim(self._idle.__contains__)
         if victim is None:
@@ -288,6 +326,15 @@ class ExpertCache:
             self._unused.remove(victim)
             self.stats.wasted_prefetches += 1
         return slot
+
+    def _evict_held(self) -> int:
+        key = next(iter(self._held_idle))
+        del self._held_idle[key], self._holder[key]
+        self.stats.evictions += 1
+        if key in self._unused:
+            self._unused.remove(key)
+            self.stats.wasted_prefetches += 1
+        return self._resident.pop(key)
 
 
 def admissible(slots: int, active_requests: int, experts_per_job: int) -> bool:

@@ -359,14 +359,15 @@ class PrefetchQueue:
     def discard(self, request: int) -> None:
         self._hints.pop(request, None)
 
-    def select(self, cache: ExpertCache) -> ExpertKey | None:
-        """The next expert to prefetch, or None: lowest progress first (then request id)."""
+    def select(self, cache: ExpertCache) -> tuple[ExpertKey, int] | None:
+        """The next expert to prefetch and the request it is predicted for, or None: lowest
+        progress first (then request id)."""
         hints = self._hints
         while hints:
             (_, request), keys = min(hints.values(), key=_rank_of)
             for key in keys:
                 if cache.state(key) is None:
-                    return key
+                    return key, request
             del hints[request]
         return None
 

@@ -28,6 +28,7 @@ GGUF_ARCH = {
     "mixtral": "llama",
     "qwen3_5_moe": "qwen35moe",
     "gpt_oss": "gpt-oss",
+    "gemma4": "gemma4",
 }
 """Our ``model_type`` -> the GGUF ``general.architecture`` the converter writes."""
 
@@ -45,6 +46,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # GGUF's llama has no sliding window; llama.cpp renormalises Mixtral's top-k, as transformers does.
     "mixtral": {"intermediate_size": 96, "sliding_window": None},
     "qwen3_5_moe": {"moe_intermediate_size": 96, "shared_expert_intermediate_size": 64},
+    # Every expert and dense-MLP row in whole 32-weight blocks; experts stay fused (ffn_gate_up_exps).
+    "gemma4": {"hidden_size": 64, "moe_intermediate_size": 96, "intermediate_size": 64},
     # GGUF has no swiglu constants (llama.cpp: 7.0) and ggml truncates YaRN's correction range.
     "gpt_oss": {
         "hidden_size": 64,
@@ -85,10 +88,13 @@ def build_tiny_gguf(
     return write_gguf(hf, folder / f"tiny-{kind}.gguf", kind, **options), hf
 
 
-def retyped(path: Path, out: Path, kind: str, names: tuple[str, ...]) -> Path:
+def retyped(
+    path: Path, out: Path, kind: str, names: tuple[str, ...], values: dict[str, np.ndarray] | None = None
+) -> Path:
     """A copy of the GGUF ``path`` at ``out`` with tensors ``names`` stored as ``kind``: requantized
     with ``gguf.quants`` where it can quantize ``kind`` (Q4_1, ...), else random bytes of the right
-    count (Q4_K, ...: only the type matters to a loader that must refuse it)."""
+    count (Q4_K, ...: only the type matters to a loader that must refuse it); ``values``: tensors
+    written with these float32 values instead."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, quants
 
     reader = GGUFReader(path)
@@ -101,6 +107,9 @@ def retyped(path: Path, out: Path, kind: str, names: tuple[str, ...]) -> Path:
     qtype = GGMLQuantizationType[kind]
     for tensor in reader.tensors:
         shape = tuple(reversed([int(d) for d in tensor.shape]))
+        if values and tensor.name in values:
+            writer.add_tensor(tensor.name, values[tensor.name])
+            continue
         if tensor.name not in names:
             writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
             continue
@@ -148,8 +157,8 @@ def dequantized_folder(gguf_path: Path, hf: Path, out: Path) -> Path:
             found = gguf_gpt_oss.hf_experts(name, stored.__getitem__, int(name.split(".")[2]))
         elif part is not None:
             layer, expert, role = part
-            assert expert is not None, "tiny models are saved per expert"
-            found = stored[f"blk.{layer}.ffn_{role}_exps.weight"][expert]
+            found = stored[f"blk.{layer}.ffn_{role}_exps.weight"]  # Gemma 4: stacked, gate_up fused
+            found = found if expert is None else found[expert]
         else:
             target = gguf_name(name, config)
             found = stored[target]
@@ -192,3 +201,43 @@ def reference_model(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
         dtype=torch.float32,
         attn_implementation="eager",
     ).eval()
+
+
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")
+"""Ids 0-3 of :func:`save_gemma_tokenizer`'s vocabulary, as in Gemma's."""
+
+
+def save_gemma_tokenizer(path: Path, vocab_size: int) -> None:
+    """A tokenizer of Gemma's kind in ``path``: BPE over text whose spaces are ``▁``, with byte
+    fallback to the 256 ``<0xNN>`` tokens (ids 4-259) and a ``Replace / ByteFallback / Fuse`` decoder;
+    trained offline on the package's corpus, with the ChatML template of :mod:`runahead.tokenizer` (what
+    llama.cpp's Gemma 4 converter reads as ``gemma4``; the byte-level BPE of the others is not one)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from runahead.tokenizer import CHAT_TEMPLATE, corpus
+
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    bpe = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    bpe.normalizer = normalizers.Replace(" ", "\u2581")
+    bpe.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    bpe.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    trainer = trainers.BpeTrainer(  # specials, then the bytes, then what it learns
+        vocab_size=vocab_size, special_tokens=[*GEMMA_SPECIALS, *byte_tokens], show_progress=False
+    )
+    bpe.train_from_iterator(corpus().splitlines(), trainer)
+    data = json.loads(bpe.to_str())
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] in GEMMA_SPECIALS]  # bytes: vocab
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
+    )
+    fast.save_pretrained(str(path))

@@ -128,6 +128,44 @@ def test_prefetch_still_unused_at_the_end_is_wasted() -> None:
     assert cache.stats.wasted_prefetches == 1
 
 
+def test_held_prefetch_is_not_the_next_victim() -> None:
+    """LFU would evict a fresh prefetch (used zero times) first; one held for a request is skipped."""
+    cache = ExpertCache(3)
+    cache.warm([A, B])
+    cache.reserve(C, prefetch=True, holder=7)
+    cache.complete(C)
+    cache.pin(D)
+    cache.reserve(D)  # the policy's victim, not the held prefetch
+    assert cache.is_resident(C)
+    assert {cache.is_resident(A), cache.is_resident(B)} == {True, False}
+    cache.pin(C)  # request 7's job uses it: no longer held, and not wasted
+    cache.release_prefetches(7)
+    cache.unpin(C)
+    cache.finish()
+    assert cache.stats.wasted_prefetches == 0
+
+
+def test_released_prefetch_goes_to_the_policy_and_demand_takes_held_ones_last() -> None:
+    cache = ExpertCache(2)
+    cache.reserve(A, prefetch=True, holder=1)
+    cache.reserve(B, prefetch=True, holder=2)
+    assert cache.reserve(C, prefetch=True, holder=3) is None  # a prefetch never evicts a held one
+    cache.complete(A)
+    cache.complete(B)
+    assert cache.reserve(C, prefetch=True) is None
+    assert cache.can_reserve()  # a demand fetch may still take one
+    cache.release_prefetches(2)  # request 2's next job did not use B
+    cache.pin(C)
+    cache.reserve(C)  # evicts B (released, in the policy) before A (held)
+    assert cache.is_resident(A) and not cache.is_resident(B)
+    cache.pin(D)
+    cache.reserve(D)  # no other victim: the held prefetch goes
+    assert not cache.is_resident(A)
+    assert cache.stats.wasted_prefetches == 2
+    cache.release_prefetches(1)  # a stale hold is ignored
+    assert cache.stats.evictions == 2
+
+
 def test_prefetch_of_a_known_expert_is_an_error() -> None:
     cache = ExpertCache(2)
     cache.pin(A)

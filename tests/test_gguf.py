@@ -3,8 +3,8 @@
 Tiny random models of each architecture are written as GGUF (llama.cpp's names and metadata, see
 :mod:`ggufhelpers`: ``runahead convert``) at Q4_0 and Q8_0. The judge is transformers on the
 *dequantized* weights: its own GGUF loader (``gguf_file=``) for qwen3moe; for the others, which
-transformers 5.24 cannot load from GGUF (olmoe, Mixtral as ``llama``, and qwen2moe with the
-converter's 2-D ``ffn_gate_inp_shexp``), the HF folder with every weight replaced by the GGUF's,
+transformers 5.24 cannot load from GGUF (olmoe, Mixtral as ``llama``, qwen2moe with the
+converter's 2-D ``ffn_gate_inp_shexp``, and the rest), the HF folder with every weight replaced by the GGUF's,
 dequantized with ``gguf.quants``. The runtime runs 8 requests at once with 8 cache slots for 24
 experts, reading the experts' quantized bytes from the file with O_DIRECT, under every policy.
 """
@@ -17,15 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from ggufhelpers import (
     GGUF_ARCH,
     LOGIT_TOLERANCE,
+    OVERRIDES,
     build_tiny_gguf,
     dequantized_folder,
     reference_model,
     retyped,
+    save_gemma_tokenizer,
     write_gguf,
 )
 from test_torch_backend import PROMPTS, TOKENS, run
@@ -173,7 +176,6 @@ def test_disk_store_reads_the_files_bytes_into_byte_slots(q4: tuple[Path, Path])
 
 
 def test_dequantized_slot_equals_the_gguf_packages_dequantizer(q4: tuple[Path, Path]) -> None:
-    import numpy as np
     from gguf import GGUFReader, quants
 
     path, _ = q4
@@ -257,22 +259,35 @@ def test_unsupported_resident_type_is_refused_by_name(q4: tuple[Path, Path], tmp
         load_model(path)
 
 
-def test_tokenizer_and_chat_template_come_from_the_metadata(tmp_path: Path) -> None:
+def test_gemma4_rope_freqs_that_are_not_proportional_rope_are_refused(tmp_path: Path) -> None:
+    path, _ = build_tiny_gguf("gemma4", tmp_path, "Q8_0")  # global heads 24 wide: 12 pairs, 3 turn
+    freqs = np.ones(12, dtype=np.float32)  # every pair turning: proportional RoPE over whole heads
+    whole = retyped(path, tmp_path / "whole.gguf", "F32", (), {"rope_freqs.weight": freqs})
+    assert load_gguf(whole)[0].config.full_rotary_fraction == 1.0
+    freqs[5] = 0.5  # a scaled frequency: not what proportional RoPE writes
+    bad = retyped(path, tmp_path / "bad.gguf", "F32", (), {"rope_freqs.weight": freqs})
+    with pytest.raises(ModelLoadError, match=rf"{bad}: tensor rope_freqs\.weight \[12\] is not proportional"):
+        load_gguf(bad)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma4"])
+def test_tokenizer_and_chat_template_come_from_the_metadata(tmp_path: Path, arch: str) -> None:
+    """Byte-level BPE (``gpt2``), and Gemma's BPE with byte fallback (llama.cpp's ``gemma4``)."""
     from runahead.models.loader import load_tokenizer
     from runahead.tokenizer import CHAT_TEMPLATE, has_tokenizer, save_tokenizer
 
     from modelhelpers import VOCAB, build_tiny_model
 
-    hf = build_tiny_model("qwen3_moe", tmp_path / "hf", moe_intermediate_size=96, vocab_size=512)
+    hf = build_tiny_model(arch, tmp_path / "hf", **{**OVERRIDES[arch], "vocab_size": 512})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)
     path = write_gguf(hf, tmp_path / "tok.gguf", "Q8_0", tokenizer=True)
     assert has_tokenizer(path) and VOCAB < 512
     from transformers import AutoTokenizer
 
     ours, original = load_tokenizer(path), AutoTokenizer.from_pretrained(hf)
-    text = "the cat sat on the mat"
+    text = "the cat sat on the mat \u2603"  # a snowman: bytes the vocabularies do not hold whole
     assert ours.encode(text, add_special_tokens=False) == original.encode(text, add_special_tokens=False)
     chat = [{"role": "user", "content": "hello"}]
     assert ours.chat_template == CHAT_TEMPLATE

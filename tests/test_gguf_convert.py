@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ggufhelpers import OVERRIDES
+from ggufhelpers import OVERRIDES, save_gemma_tokenizer
 from test_torch_backend import run
 
 from runahead.cli import main
@@ -24,11 +24,12 @@ from modelhelpers import build_tiny_model
 
 
 def _with_bpe(arch: str, folder: Path) -> Path:
-    """A tiny ``arch`` model with a byte-level BPE tokenizer (llama.cpp needs a vocabulary)."""
+    """A tiny ``arch`` model with a byte-level BPE tokenizer (Gemma 4: Gemma's kind, BPE with byte
+    fallback); llama.cpp needs a vocabulary."""
     hf = build_tiny_model(arch, folder, **{**OVERRIDES[arch], "vocab_size": 512})
     for stale in ("tokenizer.json", "tokenizer_config.json"):
         (hf / stale).unlink(missing_ok=True)
-    save_tokenizer(hf, 512)
+    (save_gemma_tokenizer if arch == "gemma4" else save_tokenizer)(hf, 512)
     return hf
 
 
@@ -70,12 +71,36 @@ def test_what_cannot_be_converted_is_refused_by_name(tiny: Path, tmp_path: Path)
     other = tmp_path / "other"
     other.mkdir()
     config = json.loads((tiny / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "model_type": "gemma4_text"}))
-    with pytest.raises(ConvertError, match=r"model_type 'gemma4_text' \(GGUF gemma4\) is not converted yet"):
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "deepseek_v3"}))
+    with pytest.raises(ConvertError, match=r"model_type 'deepseek_v3' is not supported; convertible:"):
         convert(other, tmp_path / "x.gguf")
+    gemma4 = build_tiny_model("gemma4", tmp_path / "gemma4", **OVERRIDES["gemma4"])
+    with pytest.raises(
+        ConvertError, match=r"Gemma 4's vocabulary must be a BPE with byte fallback.*\(--no-vocab\)"
+    ):
+        convert(gemma4, tmp_path / "x.gguf", "Q8_0")
     with pytest.raises(SystemExit) as exit_:
         main(["convert", str(other), str(tmp_path / "x.gguf")])
     assert exit_.value.code == 2
+
+
+def test_gemma4_hub_folder_converts_as_its_text_model(tmp_path: Path) -> None:
+    """The hub's ``Gemma4ForConditionalGeneration`` folder (``text_config``, ``model.language_model.``,
+    global heads as ``global_head_dim``): the same file as transformers' ``gemma4_text`` folder."""
+    from gguf import GGUFReader
+
+    from mlxhelpers import hub_wrap
+
+    tied = {**OVERRIDES["gemma4"], "tie_word_embeddings": True}  # as the hub's (no lm_head tensor)
+    text = build_tiny_model("gemma4", tmp_path / "text", **tied)
+    hub = build_tiny_model("gemma4", tmp_path / "hub", **tied)
+    hub_wrap(hub)
+    files = [GGUFReader(convert(f, tmp_path / f"{f.name}.gguf", "Q8_0", vocab=False)[0]) for f in (text, hub)]
+    fields = [{k: f.contents() for k, f in r.fields.items() if k not in ("general.name",)} for r in files]
+    assert fields[0] == fields[1] and fields[0]["gemma4.attention.head_count_kv"] == [2, 1, 2, 1]
+    tensors = [{t.name: np.asarray(t.data).tobytes() for t in r.tensors} for r in files]
+    assert tensors[0] == tensors[1] and "blk.0.ffn_gate_up_exps.weight" in tensors[0]
+    assert "output.weight" not in tensors[0]
 
 
 def test_mxfp4_checkpoints_are_refused_by_name(tmp_path: Path) -> None:
@@ -103,7 +128,7 @@ def _llama_cpp_greedy(path: Path, prompt: list[int], tokens: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gemma4"])
 def test_llama_cpp_gives_our_greedy_tokens_on_an_f32_file(tmp_path: Path, arch: str) -> None:
     pytest.importorskip("llama_cpp")
     path = convert(_with_bpe(arch, tmp_path / "hf"), tmp_path / "f32.gguf", "F32")[0]

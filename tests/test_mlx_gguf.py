@@ -4,7 +4,8 @@ The experts stay quantized from the file to ``mx.gather_qmm`` (4 / 8 bits, group
 bias ``-8d`` / ``-128d``). The judge is transformers on the GGUF's *dequantized* weights
 (``ggufhelpers.reference_model``, as in ``tests/test_gguf.py``): greedy tokens equal its argmax
 at every step, logits within 1e-4, with 4
-requests at once, 8 cache slots for 24 experts and prompts in chunks of 2. Skipped without MLX.
+requests at once, 8 cache slots for 24-32 experts and prompts in chunks of 2; other policies give
+the same tokens (Gemma 4: every policy). Skipped without MLX.
 """
 
 from __future__ import annotations
@@ -25,11 +26,16 @@ from runahead.models.mlx.checkpoint import GGUF_ARCHITECTURES as MLX_GGUF
 from runahead.models.mlx.ggufq import repack
 
 from mlxhelpers import run_requests
+from simhelpers import POLICIES
 
 TOKENS = 8
 PROMPTS = [(5, 17, 42, 9), (3, 99, 7), (120, 4, 4, 66, 8, 31), (200,)]
 SLOTS = 8
 CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in MLX_GGUF]
+OTHER_POLICIES = {
+    "qwen3_moe": ("sync", "prefetch-gate", "runahead/grouping=static:2:2"),
+    "gemma4": tuple(p for p in POLICIES if p != "runahead"),  # the paper's model: every policy
+}
 
 
 def run(path: Path, policy: str) -> tuple[dict[int, list[int]], dict[int, list[np.ndarray]], MLXBackend]:
@@ -53,9 +59,8 @@ def test_greedy_tokens_and_logits_equal_the_dequantized_reference(
             ref = reference(torch.tensor([list(prompt) + tokens[index]])).logits[0, len(prompt) - 1 : -1]
             assert ref.argmax(-1).tolist() == tokens[index], f"request {index}: greedy tokens differ"
             assert np.abs(np.stack(logits[index]) - ref.numpy()).max() < LOGIT_TOLERANCE.get(arch, 1e-4)
-    if arch == "qwen3_moe":  # the other policies give the same tokens
-        for policy in ("sync", "prefetch-gate", "runahead/grouping=static:2:2"):
-            assert run(path, policy)[0] == tokens
+    for policy in OTHER_POLICIES.get(arch, ()):  # the other policies give the same tokens
+        assert run(path, policy)[0] == tokens, policy
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])

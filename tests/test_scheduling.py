@@ -137,9 +137,9 @@ def test_prefetch_hints_replace_and_skip_known_experts() -> None:
     hints.add(0, (0, 3), [ExpertKey(3, 1), ExpertKey(3, 2)])
     hints.add(1, (0, 2), [ExpertKey(2, 4)])
     cache.pin(ExpertKey(2, 4))  # already wanted by a job: the demand queue's
-    assert hints.select(cache) == ExpertKey(3, 1)
+    assert hints.select(cache) == (ExpertKey(3, 1), 0)
     hints.add(0, (0, 4), [ExpertKey(4, 6)])  # newer hint of request 0 replaces the stale one
-    assert hints.select(cache) == ExpertKey(4, 6)
+    assert hints.select(cache) == (ExpertKey(4, 6), 0)
     hints.discard(0)
     assert hints.select(cache) is None
 

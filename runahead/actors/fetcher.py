@@ -113,13 +113,14 @@ class ExpertFetcher:
 
     def _pick(self) -> tuple[ExpertKey, int, bool] | None:
         """The next read to start, its reserved slot, and whether it is a prefetch."""
-        key = self.demand.select(self.cache)
+        key, holder = self.demand.select(self.cache), None
         prefetch = key is None
         if key is None:
-            key = self.hints.select(self.cache)
-            if key is None:
+            hint = self.hints.select(self.cache)
+            if hint is None:
                 return None
-        slot = self.cache.reserve(key, prefetch=prefetch)
+            key, holder = hint
+        slot = self.cache.reserve(key, prefetch=prefetch, holder=holder)
         if slot is None:
             return None  # every slot is pinned or being filled; a completing read frees one
         self.demand.started(key)

@@ -130,6 +130,8 @@ class JobIssuer:
         if len(job.experts) > self.backend.experts_per_job:
             job = self._first_wave(job)
         missing = self.cache.pin_all(job.keys)
+        if self.predictor is not None:
+            self.cache.release_prefetches(job.request)  # its job took what was predicted for it
         if self.predictor is not None and job.wave == 0:
             hint = self.predictor.predict(job)
             layer = job.layer + 1
@@ -220,6 +222,7 @@ class JobIssuer:
         self.backend.close_request(request)
         if self.predictor is not None:
             self.predictor.forget(request)
+            self.cache.release_prefetches(request)
         self.fetcher.put_nowait(Forget(request))
 
     def _cancel(self, request: int, error: str | None = None) -> None:
@@ -250,5 +253,6 @@ class JobIssuer:
                     self._waiters[key] = waiters
                 else:
                     self._waiters.pop(key, None)
+        self.cache.release_prefetches(request)
         self.fetcher.put_nowait(Forget(request))
         self.scheduler.put_nowait(Cancel(request, error))

@@ -4,16 +4,19 @@ A group is one batch of rows, one per token of each job, in job order (:func:`ro
 tokens are the next prompt chunk or the last sampled token (:func:`input_tokens`). A request is
 checked once at admission (:func:`admit`), and what its sampling asked to score is handed over as
 each token is delivered (:func:`take_logprobs`). :class:`SlotOwners` keeps which expert each cache
-slot holds.
+slot holds. :class:`RequestLifecycle` is the part of the backend protocol both implement alike: the
+open requests' states and the one compute thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, Protocol, TypeVar
 
-from runahead.jobs import ExpertKey, Job, RequestSpec
-from runahead.sampling import SamplingParams, StepLogprobs, TokenLogprob
+from runahead.jobs import ExpertKey, Group, Job, JobResult, RequestSpec
+from runahead.sampling import Sampler, SamplingParams, StepLogprobs, TokenLogprob
 
 
 class Scored(Protocol):
@@ -21,6 +24,68 @@ class Scored(Protocol):
 
     prompt_logprobs: list[TokenLogprob]
     token_logprob: TokenLogprob | None
+
+
+class RequestState(Scored, Protocol):
+    """A backend's per-request state, as :class:`RequestLifecycle` sees it."""
+
+    logits: list[Any]
+
+
+State = TypeVar("State", bound=RequestState)
+
+
+class RequestLifecycle(Generic[State]):
+    """The request lifecycle and compute hand-off both real backends share.
+
+    A subclass sets ``backend_name``, ``vocab_size``, ``store`` and ``_compute_thread`` (one
+    worker: the backend's compute is one thread), and implements ``_new_state`` and ``_compute``
+    (one group on that thread).
+    """
+
+    backend_name: str
+    store: Any  # the backend's expert store or reader: what close() closes
+    _compute_thread: ThreadPoolExecutor
+
+    def __init__(self) -> None:
+        self._requests: dict[int, State] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def _new_state(self, request: RequestSpec, sampler: Sampler) -> State:
+        """A fresh state for an admitted request (its KV cache or recurrent state, its sampler)."""
+        raise NotImplementedError
+
+    def _compute(self, group: Group) -> list[JobResult]:
+        """One backend call on the compute thread."""
+        raise NotImplementedError
+
+    def open_request(self, request: RequestSpec) -> None:
+        params = admit(request, self.vocab_size, self.backend_name)
+        self._requests[request.request] = self._new_state(request, Sampler(params))
+
+    def close_request(self, request: int) -> None:
+        self._requests.pop(request, None)
+
+    def take_logprobs(self, request: int) -> StepLogprobs | None:
+        """What was scored for an open request since the last call (with ``logprobs`` or
+        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
+        return take_logprobs(self._requests.get(request))
+
+    def logits_of(self, request: int) -> list[Any]:
+        """Logits of each generated token of an open request (with ``keep_logits``)."""
+        return self._requests[request].logits
+
+    def close(self) -> None:
+        """Stop the compute thread and close the store."""
+        self._compute_thread.shutdown(wait=True)
+        self.store.close()
+
+    async def compute(self, group: Group) -> Sequence[JobResult]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._compute_thread, self._compute, group)
 
 
 def admit(request: RequestSpec, vocab_size: int, backend: str) -> SamplingParams:

@@ -19,7 +19,6 @@ its MoE in waves (the runtime's), which this backend sums.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,19 +28,18 @@ import mlx.core as mx
 import numpy as np
 
 from runahead.backends.common import (
+    RequestLifecycle,
     SlotOwners,
-    admit,
     distinct_experts,
     input_tokens,
     row_spans,
-    take_logprobs,
 )
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
 from runahead.models.mlx.base import MLXModel, RequestStateMLX
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
-from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
+from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -86,7 +84,7 @@ def resolve_dtype(dtype: str, device: Any) -> Any:
     return DTYPES[dtype]
 
 
-class MLXBackend:
+class MLXBackend(RequestLifecycle[_RequestState]):
     """A :class:`runahead.backend.Backend` over an :class:`MLXModel`, an expert reader and slot pools."""
 
     def __init__(
@@ -114,7 +112,7 @@ class MLXBackend:
         config = model.config
         self.num_layers: int = config.num_layers
         self.experts_per_job: int = config.top_k
-        self._requests: dict[int, _RequestState] = {}
+        super().__init__()
         self._owners = SlotOwners()
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-mlx-compute")
 
@@ -175,26 +173,14 @@ class MLXBackend:
 
     # -- request lifecycle -------------------------------------------------------------------------
 
-    def open_request(self, request: RequestSpec) -> None:
-        params = admit(request, self.model.config.vocab_size, "mlx")
-        self._requests[request.request] = _RequestState(request, self.model.new_state(), Sampler(params))
+    backend_name = "mlx"
 
-    def close_request(self, request: int) -> None:
-        self._requests.pop(request, None)
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
 
-    def take_logprobs(self, request: int) -> StepLogprobs | None:
-        """What was scored for an open request since the last call (with ``logprobs`` or
-        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
-        return take_logprobs(self._requests.get(request))
-
-    def logits_of(self, request: int) -> list[np.ndarray]:
-        """Logits of each generated token of an open request (with ``keep_logits``)."""
-        return self._requests[request].logits
-
-    def close(self) -> None:
-        """Stop the compute thread and close the reader."""
-        self._compute_thread.shutdown(wait=True)
-        self.store.close()
+    def _new_state(self, request: RequestSpec, sampler: Sampler) -> _RequestState:
+        return _RequestState(request, self.model.new_state(), sampler)
 
     # -- the link ----------------------------------------------------------------------------------
 
@@ -208,10 +194,6 @@ class MLXBackend:
         self._owners.filled(key, slot)
 
     # -- compute -----------------------------------------------------------------------------------
-
-    async def compute(self, group: Group) -> Sequence[JobResult]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._compute_thread, self._compute, group)
 
     def _compute(self, group: Group) -> list[JobResult]:
         """One backend call: install staged experts, then every job of the group as one batch."""

@@ -25,7 +25,6 @@ that slot waits for the event on the copy stream (:meth:`TorchBackend.fetch`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,17 +33,16 @@ from typing import Any, Literal
 import torch
 
 from runahead.backends.common import (
+    RequestLifecycle,
     SlotOwners,
-    admit,
     distinct_experts,
     input_tokens,
     row_spans,
-    take_logprobs,
 )
 from runahead.backends.dtypes import resolve_dtype
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
-from runahead.sampling import Sampler, StepLogprobs, TokenLogprob, token_logprobs
+from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 
 
 @dataclass(slots=True)
@@ -64,7 +62,7 @@ class _RequestState:
     token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
 
 
-class TorchBackend:
+class TorchBackend(RequestLifecycle[_RequestState]):
     """A :class:`runahead.backend.Backend` over a torch ``MoEModel``, an expert store and slots."""
 
     def __init__(
@@ -95,7 +93,7 @@ class TorchBackend:
         config = model.config
         self.num_layers: int = config.num_layers
         self.experts_per_job: int = config.top_k
-        self._requests: dict[int, _RequestState] = {}
+        super().__init__()
         self._owners = SlotOwners()
         self._cuda = self.slots.device.type == "cuda"
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
@@ -121,7 +119,8 @@ class TorchBackend:
         (O_DIRECT reads of the model's safetensors files) or ``host`` (every expert copied into host
         memory once, pinned on CUDA). ``dtype`` is the compute and slot dtype, or its name
         (:func:`runahead.backends.dtypes.resolve_dtype`: ``auto`` is bfloat16 on CUDA and the faster
-        of float32 and bfloat16 at the model's shapes on CPU, measured once per process).
+        of float32 and bfloat16 at the model's shapes on CPU, measured once per process; float32 on
+        CPU for a GGUF file where the stored-expert kernel runs, :mod:`runahead.models.qkernel`).
         ``options`` go to the constructor.
         """
         from runahead.models import load_model
@@ -132,7 +131,9 @@ class TorchBackend:
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
-        if dtype == "auto" and torch.device(device).type == "cpu":
+        if dtype == "auto" and torch.device(device).type == "cpu" and _stored_kernel_applies(path):
+            dtype = torch.float32  # the stored-expert kernel multiplies float32 rows
+        elif dtype == "auto" and torch.device(device).type == "cpu":
             config = model_config(path)
             dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
         else:
@@ -158,26 +159,14 @@ class TorchBackend:
 
     # -- request lifecycle -------------------------------------------------------------------------
 
-    def open_request(self, request: RequestSpec) -> None:
-        params = admit(request, self.model.config.vocab_size, "torch")
-        self._requests[request.request] = _RequestState(request, self.model.new_cache(), Sampler(params))
+    backend_name = "torch"
 
-    def close_request(self, request: int) -> None:
-        self._requests.pop(request, None)
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
 
-    def take_logprobs(self, request: int) -> StepLogprobs | None:
-        """What was scored for an open request since the last call (with ``logprobs`` or
-        ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
-        return take_logprobs(self._requests.get(request))
-
-    def logits_of(self, request: int) -> list[torch.Tensor]:
-        """Logits of each generated token of an open request (with ``keep_logits``)."""
-        return self._requests[request].logits
-
-    def close(self) -> None:
-        """Stop the compute thread and close the store."""
-        self._compute_thread.shutdown(wait=True)
-        self.store.close()
+    def _new_state(self, request: RequestSpec, sampler: Sampler) -> _RequestState:
+        return _RequestState(request, self.model.new_cache(), sampler)
 
     # -- the link ----------------------------------------------------------------------------------
 
@@ -191,10 +180,6 @@ class TorchBackend:
         self._owners.filled(key, slot)
 
     # -- compute -----------------------------------------------------------------------------------
-
-    async def compute(self, group: Group) -> Sequence[JobResult]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._compute_thread, self._compute, group)
 
     @torch.inference_mode()
     def _compute(self, group: Group) -> list[JobResult]:
@@ -447,6 +432,14 @@ class _Readback:
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record()
             done.synchronize()
+
+
+def _stored_kernel_applies(path: str) -> bool:
+    """Whether ``path`` is a GGUF file and the CPU kernel for stored Q4_0 / Q8_0 experts runs here."""
+    from runahead.models import qkernel
+    from runahead.models.gguf import is_gguf
+
+    return is_gguf(path) and qkernel.available()
 
 
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

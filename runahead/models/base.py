@@ -94,6 +94,7 @@ class MoEModel(ModelDescription):
         """Per layer, how a stored slot holds its experts (GGUF; set by the loader), or None when
         slots hold experts in the compute dtype. See :meth:`expert_weights`."""
         self._scratch: dict[torch.device, Tensor] = {}
+        self._stored_kinds: dict[int, str | None] = {}
 
     def project_qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v ``[T, heads, head_dim]`` of the normed rows ``x``, before RoPE (q/k norm, clipping)."""
@@ -270,14 +271,65 @@ class MoEModel(ModelDescription):
         if not routing.spans:
             return out
         gathered = x.index_select(0, routing.rows)
-        parts = []
-        for expert, start, stop in routing.spans:
-            slot = self.expert_weights(layer, experts[expert], x.dtype)
-            parts.append(self.run_expert(slot, gathered[start:stop]))
-        y = torch.cat(parts) if len(parts) > 1 else parts[0]
+        y = self.stored_experts(layer, gathered, routing.spans, experts)
+        if y is None:
+            parts = []
+            for expert, start, stop in routing.spans:
+                slot = self.expert_weights(layer, experts[expert], x.dtype)
+                parts.append(self.run_expert(slot, gathered[start:stop]))
+            y = torch.cat(parts) if len(parts) > 1 else parts[0]
         k = weights.shape[-1]
         y = y * weights.reshape(-1).index_select(0, routing.rows * k + routing.kpos).unsqueeze(1)
         return out.index_add_(0, routing.rows, y)
+
+    def stored_experts(
+        self, layer: int, rows: Tensor, spans: Sequence[tuple[int, int, int]], experts: Mapping[int, Tensor]
+    ) -> Tensor | None:
+        """Every expert of a group straight from its stored Q4_0 / Q8_0 slot, or None where this does
+        not apply (then :meth:`moe_partial` dequantizes each expert and calls :meth:`run_expert`).
+
+        ``rows``: the group's rows in expert order, ``spans``: ``(expert, start, stop)`` runs of them.
+        On CPU, for float32 rows and a layer whose ``gate``, ``up``, ``down`` share one such type, the
+        products run on the stored bytes (:func:`runahead.models.qkernel.grouped_product`: gate and
+        up as one ``[2I, H]`` product, as :meth:`run_expert` runs them), two calls for the whole group
+        and no float32 copy of the experts. An expert with more than ``qkernel.KERNEL_ROWS`` rows (a
+        prefill chunk's) is dequantized and multiplied by torch instead, which is faster there.
+        """
+        kind = self._stored_kind(layer)
+        if kind is None or rows.device.type != "cpu" or rows.dtype != torch.float32:
+            return None
+        from runahead.models.qkernel import KERNEL_ROWS, grouped_product
+
+        assert self.slot_formats is not None
+        gate, _, down = self.slot_formats[layer].parts
+        inter, width = self.config.intermediate_size, self.config.hidden_size
+        few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= KERNEL_ROWS]
+        if few:
+            runs = [(start, stop) for _, start, stop in few]
+            gate_up = grouped_product(rows, [slot + gate.start for slot, _, _ in few], runs, kind, 2 * inter)
+            hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
+            out = grouped_product(hidden, [slot + down.start for slot, _, _ in few], runs, kind, width)
+        else:
+            out = torch.empty(rows.shape[0], width)
+        for expert, start, stop in spans:
+            if stop - start > KERNEL_ROWS:
+                weights = self.expert_weights(layer, experts[expert], rows.dtype)
+                out[start:stop] = self.run_expert(weights, rows[start:stop])
+        return out
+
+    def _stored_kind(self, layer: int) -> str | None:
+        """The one kernel type (Q4_0 / Q8_0) of ``layer``'s ``gate | up | down`` slots, or None."""
+        if self.slot_formats is None:
+            return None
+        if layer not in self._stored_kinds:
+            from runahead.models import qkernel
+
+            parts = self.slot_formats[layer].parts
+            kinds = {p.kind for p in parts}
+            usable = tuple(p.role for p in parts) == ("gate", "up", "down") and len(kinds) == 1
+            kind = kinds.pop() if usable else None
+            self._stored_kinds[layer] = kind if kind in qkernel.KINDS and qkernel.available() else None
+        return self._stored_kinds[layer]
 
     def expert_weights(self, layer: int, slot: Tensor, dtype: torch.dtype) -> Tensor:
         """Cache slot ``slot`` of ``layer`` as :meth:`run_expert` reads it: the flat slot in ``dtype``.

@@ -7,7 +7,9 @@ absolute ``data_offset``. Names and metadata are those of llama.cpp's ``convert_
 ``attn_q/k/v/output`` (``.bias``), ``attn_q_norm`` / ``attn_k_norm``, ``ffn_norm`` (the
 post-attention norm), the router ``ffn_gate_inp``, a shared expert ``ffn_{gate,up,down}_shexp``
 with its gate ``ffn_gate_inp_shexp``, and the routed experts stacked as
-``ffn_{gate,up,down}_exps [E, I, H] / [E, H, I]`` (numpy order), each expert a contiguous slice.
+``ffn_{gate,up,down}_exps [E, I, H] / [E, H, I]`` (numpy order), each expert a contiguous slice,
+or with gate and up fused as ``ffn_gate_up_exps [E, 2I, H]`` (gate rows first: each expert's
+slice is its gate's bytes, then its up's, since quantized blocks run along rows).
 
 Routed experts are not read here: the returned :class:`ExpertLayout` is ``stored`` and gives each
 expert's bytes per stacked tensor at their absolute offsets, in the file's type (Q4_0, Q8_0, F16,
@@ -16,7 +18,9 @@ are refused by name. Resident tensors are dequantized once with ``gguf.quants`` 
 knows, else refused by name) and cast to the compute dtype.
 
 Architectures: ``qwen3moe``, ``qwen2moe``, ``olmoe`` and llama-style Mixtral (``llama`` with
-``expert_count``; its q/k rows are un-permuted back from llama.cpp's interleaved RoPE order).
+``expert_count``; its q/k rows are un-permuted back from llama.cpp's interleaved RoPE order), and
+in their own modules ``qwen35moe`` (:mod:`~runahead.models.gguf_qwen35`), ``gpt-oss``
+(:mod:`~runahead.models.gguf_gpt_oss`) and ``gemma4`` (:mod:`~runahead.models.gguf_gemma4`).
 Split files (``name-00001-of-00003.gguf``) load from any one of their parts.
 """
 
@@ -31,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from runahead.models import get_architecture, gguf_gpt_oss, gguf_qwen35
+from runahead.models import get_architecture, gguf_gemma4, gguf_gpt_oss, gguf_qwen35
 from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
 from runahead.models.gguf_convert import gguf_name, q_k_permutation
-from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange, role_shape
+from runahead.models.layout import STORED_TYPES, ExpertLayout, TensorRange, role_shape, unfused
 
 MODEL_TYPES = {
     "qwen3moe": "qwen3_moe",
@@ -43,6 +47,7 @@ MODEL_TYPES = {
     "llama": "mixtral",
     "qwen35moe": "qwen3_5_moe",
     "gpt-oss": "gpt_oss",
+    "gemma4": "gemma4",
 }
 """GGUF ``general.architecture`` -> the runtime's ``model_type``."""
 
@@ -53,9 +58,8 @@ NORM_TOPK = {
     "llama": True,
     "qwen35moe": True,
     "gpt-oss": True,
+    "gemma4": True,
 }
-NOT_READ = {"gemma4": "Gemma 4"}
-"""GGUF architectures of models the runtime runs from safetensors but not (yet) from GGUF."""
 """Whether llama.cpp renormalises the top-k routing weights of each architecture (it fixes this per
 architecture; the GGUF carries no such key for these)."""
 
@@ -185,11 +189,6 @@ def _check_extents(file: Path, size: int, start: int, fields: list[Any]) -> None
 def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
     """``(GGUF architecture, config.json-style dict)`` from the metadata."""
     arch = str(model.meta("general.architecture"))
-    if arch in NOT_READ:
-        raise ModelLoadError(
-            f"{model.path}: GGUF architecture {arch!r} ({NOT_READ[arch]}) is not read from GGUF yet; "
-            f"run its Hugging Face folder instead (supported GGUF: {', '.join(MODEL_TYPES)})"
-        )
     if arch not in MODEL_TYPES:
         raise ModelLoadError(
             f"{model.path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(MODEL_TYPES)}"
@@ -211,7 +210,7 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         "num_experts_per_tok": int(key("expert_used_count")),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "num_key_value_heads": key("attention.head_count_kv", heads),  # gemma4: per layer
         "head_dim": int(key("attention.key_length", hidden // heads)),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": float(key("rope.freq_base", 10000.0)),
@@ -238,7 +237,11 @@ def read_config(model: GGUFModel) -> tuple[str, dict[str, Any]]:
         raw["attention_bias"] = "blk.0.attn_q.bias" in model.tensors
     if arch == gguf_qwen35.ARCH:
         raw.update(gguf_qwen35.raw_config(key, blocks))
-    experts_0 = [model.tensors.get(f"blk.0.{short}.weight") for short, _ in EXPERT_TENSORS]
+    if arch == gguf_gemma4.ARCH:
+        raw.update(gguf_gemma4.raw_config(key, model))
+    else:
+        raw["num_key_value_heads"] = int(raw["num_key_value_heads"])
+    experts_0 = [model.tensors.get(f"blk.0.{short}.weight") for short in _expert_tensors(model, 0)]
     if all(found is not None for found in experts_0):
         tensors = [found[1] for found in experts_0 if found is not None]
         bits = 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
@@ -255,6 +258,15 @@ def gguf_names(arch: type[MoEModel], config: MoEConfig, model_type: str) -> dict
 
 EXPERT_TENSORS = (("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down"))
 """A layer's stacked expert tensors (``blk.N.<name>.weight``) and the slot role of each."""
+FUSED = "ffn_gate_up_exps"
+"""Gate and up fused (Gemma 4; llama.cpp's ``--fuse-gate-up-exps``): each expert's gate rows, then up."""
+
+
+def _expert_tensors(model: GGUFModel, layer: int) -> dict[str, str]:
+    """``layer``'s stacked expert tensors (short name -> role): fused gate/up where the file has it."""
+    if f"blk.{layer}.{FUSED}.weight" in model.tensors:
+        return {FUSED: "gate_up", "ffn_down_exps": "down"}
+    return dict(EXPERT_TENSORS)
 
 
 def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> ExpertLayout:
@@ -263,11 +275,11 @@ def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> 
     ``biases`` (gpt-oss): the stacked ``ffn_{gate,up,down}_exps.bias`` too, as the slot's last parts.
     """
     h, i, n = config.hidden_size, config.intermediate_size, config.num_experts
-    tensors = [(f"{short}.weight", role) for short, role in EXPERT_TENSORS]
-    if biases:
-        tensors += [(f"{short}.bias", f"{role}_bias") for short, role in EXPERT_TENSORS]
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
     for layer in range(config.num_layers):
+        tensors = [(f"{short}.weight", role) for short, role in _expert_tensors(model, layer).items()]
+        if biases:
+            tensors += [(f"{short}.bias", f"{role}_bias") for short, role in EXPERT_TENSORS]
         found = []
         for short, role in tensors:
             name = f"blk.{layer}.{short}"
@@ -285,11 +297,12 @@ def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> 
                 raise ModelLoadError(
                     f"{file}: tensor {name}: expected shape {[n, *shape]}, found {list(model.shape(name))}"
                 )
-            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, shape, role))
+            found.append((str(file), int(tensor.data_offset), int(tensor.n_bytes) // n, kind, role))
         for e in range(n):
             ranges[layer, e] = tuple(
-                TensorRange(path, offset + e * per, per, kind, shape, role)
-                for path, offset, per, kind, shape, role in found
+                TensorRange(path, start, size, kind, role_shape(part, h, i), part)
+                for path, offset, per, kind, role in found
+                for part, start, size in unfused(role, offset + e * per, per)
             )
     return ExpertLayout(config.num_layers, n, h, i, ranges, stored=True)
 

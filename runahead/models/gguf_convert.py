@@ -5,7 +5,11 @@ package's ``GGUFWriter``: tensor names from ``gguf``'s own ``TensorNameMap`` (``
 ``blk.N.attn_q``, the router ``ffn_gate_inp``, ...), each layer's routed experts stacked into
 ``blk.N.ffn_{gate,up,down}_exps`` (from per-expert tensors or transformers' stacked ``gate_up_proj``),
 llama's q/k rows permuted for its interleaved RoPE, the ``<arch>.*`` and ``general.*`` metadata, and
-the tokenizer (byte-level BPE as ``gpt2``: tokens, token types, merges, special ids, chat template).
+the tokenizer (byte-level BPE as ``gpt2``: tokens, token types, merges, special ids, chat template;
+Gemma 4's BPE with byte fallback as ``gemma4``).
+Per-architecture changes live in their own modules: :mod:`~runahead.models.gguf_qwen35`,
+:mod:`~runahead.models.gguf_gpt_oss`, :mod:`~runahead.models.gguf_gemma4` (experts kept fused as
+``ffn_gate_up_exps``).
 
 Types follow the converter's rules: 1-D tensors, norms, biases and the routers stay F32; every other
 matrix takes the requested type. ``F32``, ``F16`` and ``Q8_0`` are the converter's ``--outtype``;
@@ -24,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from runahead.models import gguf_gpt_oss, gguf_qwen35
+from runahead.models import gguf_gemma4, gguf_gpt_oss, gguf_qwen35
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +43,9 @@ ARCHITECTURES = {
     "qwen3_5_moe": "qwen35moe",
     "qwen3_5_moe_text": "qwen35moe",
     "gpt_oss": "gpt-oss",
+    **dict.fromkeys(gguf_gemma4.MODEL_TYPES, gguf_gemma4.ARCH),
 }
 """``config.json``'s ``model_type`` -> the GGUF architecture llama.cpp's converter writes."""
-
-REFUSED = {"gemma4": "gemma4", "gemma4_text": "gemma4"}
-"""Architectures GGUF defines that ``convert`` does not write yet (refused by name)."""
 
 PRE_TOKENIZER = {
     "qwen3_moe": "qwen2",
@@ -66,7 +68,14 @@ _EXPERT_PARTS = {
     "w2": "down",
 }
 _F32_SUFFIXES = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
-_SKIPPED = ("mtp.", "model.visual.", "model.audio_tower.", "model.vision_tower.")
+_SKIPPED = (
+    "mtp.",
+    "model.visual.",
+    "model.audio_tower.",
+    "model.vision_tower.",
+    "model.embed_vision.",
+    "model.embed_audio.",
+)
 """Tensors not written: multi-token prediction layers and the vision / audio towers."""
 
 
@@ -92,11 +101,6 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     if isinstance(config.get("text_config"), dict):  # a multimodal wrapper: its text model
         config = {**config["text_config"], "tie_word_embeddings": config.get("tie_word_embeddings", False)}
     model_type = str(config.get("model_type"))
-    if model_type in REFUSED:
-        raise ConvertError(
-            f"{path}: model_type {model_type!r} (GGUF {REFUSED[model_type]}) is not converted yet; "
-            f"convertible: {', '.join(ARCHITECTURES)}"
-        )
     if model_type not in ARCHITECTURES:
         raise ConvertError(
             f"{path}: model_type {model_type!r} is not supported; convertible: {', '.join(ARCHITECTURES)}"
@@ -127,10 +131,11 @@ def _permute(w: np.ndarray[Any, Any], heads: int) -> np.ndarray[Any, Any]:
 
 
 def hf_alias(name: str) -> str:
-    """The name the converter gives an HF tensor before mapping it (``dt_bias``, gpt-oss's ``sinks``)."""
+    """The name the converter gives an HF tensor before mapping it (``dt_bias``, gpt-oss's ``sinks``,
+    Gemma 4's ``layer_scalar``)."""
     if name.endswith(".dt_bias"):
         return name.removesuffix(".dt_bias") + ".dt_proj.bias"
-    if name.endswith("self_attn.sinks"):
+    if name.endswith(("self_attn.sinks", ".layer_scalar")):
         return name + ".weight"
     return name
 
@@ -140,6 +145,8 @@ def gguf_name(name: str, config: dict[str, Any]) -> str:
     import gguf
 
     arch = ARCHITECTURES[config["model_type"]]
+    if arch == gguf_gemma4.ARCH and (own := gguf_gemma4.gguf_name(name)) is not None:
+        return own
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[_arch_enum(arch)], int(config["num_hidden_layers"]))
     target = names.get_name(hf_alias(name), try_suffixes=(".weight", ".bias"))
     if target is None:
@@ -181,6 +188,9 @@ def gguf_tensors(folder: Path, config: dict[str, Any]) -> Iterator[tuple[str, np
     pending: dict[tuple[int, str], dict[int, np.ndarray[Any, Any]]] = {}
     qwen35 = ARCHITECTURES[config["model_type"]] == gguf_qwen35.ARCH
     gpt_oss = ARCHITECTURES[config["model_type"]] == gguf_gpt_oss.ARCH
+    gemma4 = ARCHITECTURES[config["model_type"]] == gguf_gemma4.ARCH
+    if gemma4:
+        yield gguf_gemma4.rope_freqs(config)
     for name, value in _tensors(folder):
         if gpt_oss and ".experts." in name:
             try:
@@ -198,7 +208,9 @@ def gguf_tensors(folder: Path, config: dict[str, Any]) -> Iterator[tuple[str, np
             yield target, value
             continue
         layer, expert, role = part
-        if role == "gate_up":  # gate rows, then up rows
+        if role == "gate_up" and gemma4:  # kept fused, as transformers stacks it
+            yield f"blk.{layer}.ffn_gate_up_exps.weight", value
+        elif role == "gate_up":  # gate rows, then up rows
             half = value.shape[-2] // 2
             yield f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(value[..., :half, :])
             yield f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(value[..., half:, :])
@@ -248,7 +260,7 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
     if config.get("intermediate_size") is not None:
         writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
-    if config.get("num_key_value_heads") is not None:
+    if config.get("num_key_value_heads") is not None and arch != gguf_gemma4.ARCH:  # gemma4: per layer
         writer.add_head_count_kv(config["num_key_value_heads"])
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type"))
@@ -274,8 +286,8 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
         writer.add_rope_freq_base(theta)
     writer.add_layer_norm_rms_eps(1e-5 if arch == "olmoe" else config["rms_norm_eps"])
     writer.add_expert_count(_first(config, "num_local_experts", "num_experts"))
-    writer.add_expert_used_count(config["num_experts_per_tok"])
-    if config.get("head_dim") is not None:
+    writer.add_expert_used_count(_first(config, "num_experts_per_tok", "top_k_experts"))
+    if config.get("head_dim") is not None and arch != gguf_gemma4.ARCH:  # gemma4: global and sliding
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     if arch in ("qwen2moe", "qwen3moe", gguf_qwen35.ARCH):
@@ -286,6 +298,8 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
         gguf_qwen35.add_metadata(writer, config)
     if arch == gguf_gpt_oss.ARCH:
         gguf_gpt_oss.add_metadata(writer, config)
+    if arch == gguf_gemma4.ARCH:
+        gguf_gemma4.add_metadata(writer, config)
     if arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(
@@ -295,13 +309,21 @@ def _add_metadata(writer: Any, folder: Path, config: dict[str, Any], kind: str) 
 
 def _add_tokenizer(writer: Any, folder: Path, config: dict[str, Any], pre: str | None) -> None:
     """The converter's ``_set_vocab_gpt2``: a byte-level BPE vocabulary, its merges, special ids and
-    chat template; ``tokenizer.ggml.model = none`` for a folder without ``tokenizer.json``."""
+    chat template (Gemma 4: :func:`runahead.models.gguf_gemma4.add_tokenizer`);
+    ``tokenizer.ggml.model = none`` for a folder without ``tokenizer.json``."""
     import gguf
 
     if not (folder / "tokenizer.json").is_file():
         log.warning("%s has no tokenizer.json: writing no vocabulary (tokenizer.ggml.model = none)", folder)
         writer.add_tokenizer_model("none")
         return
+    if ARCHITECTURES[config["model_type"]] == gguf_gemma4.ARCH:
+        try:
+            return gguf_gemma4.add_tokenizer(writer, folder)
+        except ValueError as err:
+            raise ConvertError(
+                f"{err}; convert without a vocabulary (--no-vocab) to write the weights alone"
+            ) from None
     raw = json.loads((folder / "tokenizer.json").read_text())
     model = raw.get("model", {})
     if model.get("type") != "BPE" or model.get("byte_fallback"):

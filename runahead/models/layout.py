@@ -56,6 +56,14 @@ def role_shape(role: str, hidden: int, inter: int) -> tuple[int, ...]:
     }[role]
 
 
+def unfused(role: str, offset: int, nbytes: int) -> list[tuple[str, int, int]]:
+    """``(role, offset, nbytes)`` of one expert's byte range: a fused ``gate_up`` as its gate half,
+    then its up half (gate rows come first, and quantized blocks run along rows); others as they are."""
+    if role == "gate_up":
+        return [("gate", offset, nbytes // 2), ("up", offset + nbytes // 2, nbytes // 2)]
+    return [(role, offset, nbytes)]
+
+
 STORED_TYPES: dict[str, tuple[int, int]] = {
     "F32": (1, 4),
     "F16": (1, 2),

@@ -297,10 +297,18 @@ def load_tokenizer(path: str | Path) -> Any:
     from runahead.tokenizer import TOKENIZER_FILES, has_tokenizer
 
     if is_gguf(path):
+        from transformers import PreTrainedTokenizerFast
+
+        from runahead.models.gguf import GGUFModel
+
         if not has_tokenizer(path):
             raise FileNotFoundError(f"{path} has no tokenizer in its metadata (tokenizer.ggml.tokens)")
         file = Path(path)
-        return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+        # AutoTokenizer also parses the file's config, which transformers cannot for Gemma 4 (per-layer
+        # KV heads); the tokenizer alone needs only the tokenizer.ggml.* keys
+        gemma4 = GGUFModel(path).meta("general.architecture") == "gemma4"
+        loader = PreTrainedTokenizerFast if gemma4 else AutoTokenizer
+        return loader.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
 
     if not has_tokenizer(path):
         raise FileNotFoundError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")

@@ -41,11 +41,13 @@ def dequantize(data: Tensor, kind: str, shape: tuple[int, ...], out: Tensor | No
     if kind == "Q4_0":
         blocks = data.view(-1, 18)
         scale = blocks[:, :2].contiguous().view(torch.float16).float()
-        nibbles = blocks[:, 2:]
+        # q - 8 is the nibble of q ^ 8 read as a signed 4-bit number: sign-extended by int8 shifts
+        # on the small byte array, so the float32 weights are written once and scaled once
+        signed = blocks[:, 2:].contiguous() ^ 0x88
         halves = out.view(-1, 2, 16)  # weights 0-15: low nibbles; 16-31: high nibbles
-        halves[:, 0].copy_(nibbles & 0x0F)
-        halves[:, 1].copy_(nibbles >> 4)
-        return halves.sub_(8).mul_(scale.unsqueeze(-1)).view(shape)
+        halves[:, 0].copy_((signed << 4).view(torch.int8) >> 4)
+        halves[:, 1].copy_(signed.view(torch.int8) >> 4)
+        return out.view(-1, 32).mul_(scale).view(shape)
     if kind == "MXFP4":
         blocks = data.view(-1, 17)
         e = blocks[:, 0].to(torch.int32)

@@ -34,12 +34,12 @@ import mlx.core as mx
 
 from runahead.models import get_architecture
 from runahead.models.description import ModelDescription, ModelLoadError, MoEConfig
-from runahead.models.layout import TensorRange, role_shape
+from runahead.models.layout import role_shape, unfused
 
 MATRICES = ("gate", "up", "down")
 """The three matrices of a routed expert, in the order of their slot pools."""
 
-GGUF_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3_5_moe")
+GGUF_ARCHITECTURES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3_5_moe", "gemma4")
 """Architectures the mlx backend runs from GGUF files (Q4_0 / Q8_0 / float experts); gpt-oss's
 expert biases are not in its slot pools yet."""
 
@@ -348,7 +348,7 @@ def _hf_experts(
     for key, ranges in layout.ranges.items():
         pieces: list[Piece] = []
         for r in ranges:
-            for matrix, offset, nbytes in _split(r):
+            for matrix, offset, nbytes in unfused(r.role, r.offset, r.nbytes):
                 shape = shapes.setdefault(matrix, role_shape(matrix, h, i))  # gpt-oss: stored roles
                 pieces.append(Piece(f"{matrix}.weight", r.path, offset, nbytes, r.dtype, shape))
                 if dtypes.setdefault(matrix, r.dtype) != r.dtype:
@@ -358,14 +358,6 @@ def _hf_experts(
         experts[key] = tuple(pieces)
     formats = {m: MatrixFormat(m, shapes[m], None, (("weight", shapes[m], d),)) for m, d in dtypes.items()}
     return formats, experts
-
-
-def _split(r: TensorRange) -> list[tuple[str, int, int]]:
-    """``(matrix, offset, nbytes)`` of a layout range: a fused ``gate_up`` is gate rows, then up rows."""
-    if r.role == "gate_up":
-        half = r.nbytes // 2
-        return [("gate", r.offset, half), ("up", r.offset + half, half)]
-    return [(r.role, r.offset, r.nbytes)]
 
 
 def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:

@@ -1,0 +1,144 @@
+"""Q4_0 / Q8_0 expert products on the CPU without dequantizing: a small C kernel, built on first use.
+
+The torch CPU path otherwise turns each stored expert into float32 (:mod:`runahead.models.quant`)
+each time a group uses it: writing 6 MB of weights costs more than the product that reads them.
+:func:`grouped_product` multiplies float32 rows by the matrices *as the file stores them*, forming
+each weight in registers exactly as ggml dequantizes it (``d * q``, exact in float32), so it agrees
+with dequantize-then-matmul to float32 rounding (it sums in another order) and never writes a
+full-width copy. One call runs a whole group's experts (``qkernel.c``), split over torch's thread count.
+
+The kernel is C with AVX2/FMA/F16C intrinsics, compiled with the system's C compiler (``cc``;
+``RUNAHEAD_CC`` to choose another) into ``$RUNAHEAD_CACHE/kernels`` (default ``~/.cache/runahead``)
+the first time a process needs it (well under a second) and loaded with :mod:`ctypes`. Where that is not
+possible (no compiler, another CPU, ``RUNAHEAD_QUANT_KERNEL=off``) :func:`available` is False and
+the model dequantizes as before; the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+KINDS = {"Q4_0": 0, "Q8_0": 1}
+"""Stored types the kernel multiplies (its ``kind`` codes)."""
+
+KERNEL_ROWS = 32
+"""Most rows one expert runs through the kernel; more (a prefill chunk's) go through dequantize-then-
+matmul, whose blocked float32 product wins once the dequantization is shared by enough rows
+(``bench/quant_kernels.py --rows 16,32,64,128``: the kernel still won at 32 rows, not at 64 for Q8_0
+nor at 128 for either; ``docs/results-gguf.md``)."""
+
+SOURCE = Path(__file__).with_name("qkernel.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-pthread")
+CPU_FLAGS = {"avx2", "fma", "f16c"}
+
+
+def available() -> bool:
+    """Whether :func:`grouped_product` can run here (the kernel is built on the first call)."""
+    return _library() is not None
+
+
+def grouped_product(
+    x: Tensor, matrices: Sequence[int], spans: Sequence[tuple[int, int]], kind: str, n: int
+) -> Tensor:
+    """``y [P, n]``: rows ``start:stop`` of ``x [P, K]`` (float32, CPU) times matrix ``[n, K]`` stored as
+    ``kind`` at address ``matrices[s]`` (a slot's ``data_ptr()`` plus the part's byte offset), for
+    each ``(start, stop)`` of ``spans``; rows in no span are zero.
+
+    The matrices must stay alive (their slots pinned) for the call; ``K`` must be whole 32-weight blocks.
+    """
+    library = _library()
+    if library is None:
+        raise RuntimeError("the quantized product kernel is not available on this machine")
+    if kind not in KINDS:
+        raise ValueError(f"the kernel multiplies {', '.join(KINDS)}, not {kind}")
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        raise ValueError(f"rows must be 2-d float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
+    x = x.contiguous()
+    y = torch.zeros(x.shape[0], n) if _leaves_gaps(spans, x.shape[0]) else torch.empty(x.shape[0], n)
+    count = len(spans)
+    table = (ctypes.c_int64 * (3 * count))(*matrices, *(s for s, _ in spans), *(e for _, e in spans))
+    base = ctypes.addressof(table)
+    status = library.runahead_grouped_product(
+        KINDS[kind], x.data_ptr(), y.data_ptr(), n, x.shape[1], count,
+        base, base + 8 * count, base + 16 * count, torch.get_num_threads(),
+    )  # fmt: skip
+    if status:
+        raise ValueError(f"quantized product refused its arguments: {kind} rows of {x.shape[1]} weights")
+    return y
+
+
+def _leaves_gaps(spans: Sequence[tuple[int, int]], rows: int) -> bool:
+    covered = sorted(spans)
+    at = 0
+    for start, stop in covered:
+        if start != at:
+            return True
+        at = stop
+    return at != rows
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The built kernel, or None (and why, logged once) where it cannot be used."""
+    reason = _unusable()
+    if reason:
+        log.info("quantized product kernel off: %s; stored experts are dequantized instead", reason)
+        return None
+    try:
+        library = ctypes.CDLL(str(_build()))
+    except (OSError, subprocess.SubprocessError) as error:
+        log.info("quantized product kernel off: build failed (%s); stored experts are dequantized", error)
+        return None
+    function = library.runahead_grouped_product
+    function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3]
+    function.argtypes += [*[ctypes.c_void_p] * 3, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return library
+
+
+def _unusable() -> str | None:
+    """Why the kernel cannot run here, or None."""
+    if os.environ.get("RUNAHEAD_QUANT_KERNEL", "on").lower() in ("off", "0", "false", "no"):
+        return "RUNAHEAD_QUANT_KERNEL is off"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"CPU {platform.machine()} is not x86-64"
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "cannot read /proc/cpuinfo for the CPU's features"
+    lines = (line.split(":", 1)[1] for line in info.splitlines() if line.startswith("flags"))
+    flags = set(next(lines, "").split())
+    missing = CPU_FLAGS - flags
+    return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
+
+
+def _build() -> Path:
+    """The shared library for the current source and flags, compiled once per cache directory."""
+    compiler = os.environ.get("RUNAHEAD_CC", "cc")
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("RUNAHEAD_CACHE", Path.home() / ".cache" / "runahead")) / "kernels"
+    target = cache / f"qkernel-{digest}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        built = Path(scratch) / target.name
+        command = [compiler, *FLAGS, str(SOURCE), "-o", str(built)]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        os.replace(built, target)  # atomic: a concurrent build of the same source writes the same file
+    return target

@@ -1,0 +1,129 @@
+"""The CPU kernel that multiplies rows by Q4_0 / Q8_0 matrices as stored (runahead.models.qkernel).
+
+Judged against float64 products with the ``gguf`` package's dequantized weights; and, inside a tiny
+GGUF model, against the dequantize-then-matmul path it replaces (tests/test_gguf.py checks the
+model's tokens and logits against transformers through it). And that path's dequantizer
+(runahead.models.quant), bit for bit against the gguf package's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from ggufhelpers import build_tiny_gguf
+
+from runahead.models import qkernel
+from runahead.models.base import ExpertRows
+from runahead.models.loader import load_model, load_reference_slot
+from runahead.models.quant import dequantize
+
+needs_kernel = pytest.mark.skipif(not qkernel.available(), reason="no AVX2/FMA/F16C CPU or C compiler here")
+
+
+def _matrix(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``[n, k]`` matrix as ``kind`` bytes, and those bytes dequantized by the gguf package."""
+    rng = np.random.default_rng(seed)
+    data = quants.quantize(rng.standard_normal((n, k), dtype=np.float32), GGMLQuantizationType[kind])
+    weights = quants.dequantize(data, GGMLQuantizationType[kind])
+    return torch.from_numpy(data.reshape(-1).copy()), torch.from_numpy(weights)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_dequantize_equals_the_gguf_packages_dequantizer_bit_for_bit(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    scales = np.exp(3 * rng.standard_normal((64, 1))).astype(np.float32)  # tiny to large fp16 scales
+    ggml = GGMLQuantizationType[kind]
+    data = quants.quantize(rng.standard_normal((64, 256), dtype=np.float32) * scales, ggml)
+    got = dequantize(torch.from_numpy(data.reshape(-1).copy()), kind, (64, 256))
+    assert np.array_equal(got.numpy(), quants.dequantize(data, ggml))
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_grouped_product_equals_the_dequantized_product(kind: str, threads: int) -> None:
+    n, k = 48, 96  # outputs not whole 32-output units; 3 blocks per row
+    spans = [(0, 1), (1, 12), (12, 16)]  # 11 rows: more than the kernel's 8 at once
+    mats = [_matrix(kind, n, k, seed) for seed in range(len(spans))]
+    x = torch.randn(16, k)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = qkernel.grouped_product(x, [m.data_ptr() for m, _ in mats], spans, kind, n)
+        alone = qkernel.grouped_product(x[5:6], [mats[1][0].data_ptr()], [(0, 1)], kind, n)
+    finally:
+        torch.set_num_threads(previous)
+    for (start, stop), (_, weights) in zip(spans, mats, strict=True):
+        want = x[start:stop].double() @ weights.double().T
+        assert (y[start:stop].double() - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    assert torch.equal(alone[0], y[5])  # a row's result does not depend on the rows beside it
+
+
+@needs_kernel
+def test_rows_outside_every_span_are_zero_and_bad_arguments_are_refused() -> None:
+    data, weights = _matrix("Q4_0", 32, 64, 0)
+    x = torch.randn(5, 64)
+    y = qkernel.grouped_product(x, [data.data_ptr()], [(1, 3)], "Q4_0", 32)
+    assert torch.equal(y[[0, 3, 4]], torch.zeros(3, 32))
+    assert torch.allclose(y[1:3], x[1:3] @ weights.T, atol=1e-4)
+    with pytest.raises(ValueError, match="F16"):
+        qkernel.grouped_product(x, [data.data_ptr()], [(0, 5)], "F16", 32)
+    with pytest.raises(ValueError, match="float32"):
+        qkernel.grouped_product(x.double(), [data.data_ptr()], [(0, 5)], "Q4_0", 32)
+    with pytest.raises(ValueError, match="rows of 48"):
+        qkernel.grouped_product(torch.randn(5, 48), [data.data_ptr()], [(0, 5)], "Q4_0", 32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_the_moe_runs_stored_slots_without_a_dequantized_copy(
+    tmp_path: Path, kind: str, monkeypatch: Any
+) -> None:
+    path, _ = build_tiny_gguf("qwen3_moe", tmp_path, kind)
+    model, layout = load_model(path)
+    c = model.config
+    torch.manual_seed(0)
+    hidden = torch.randn(12, c.hidden_size)
+    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(12)])
+    weights = torch.softmax(torch.randn(12, c.top_k), dim=-1)
+    experts = {e: load_reference_slot(layout, 1, e) for e in range(c.num_experts)}
+    routing = ExpertRows.from_ids(ids, experts)
+    out = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
+    assert model._stored_kinds[1] == kind and not model._scratch  # no float32 copy of an expert was made
+    counts = sorted(stop - start for _, start, stop in routing.spans)
+    assert counts[0] < counts[-1]
+    monkeypatch.setattr(qkernel, "KERNEL_ROWS", counts[len(counts) // 2])  # the busier experts dequantized
+    mixed = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
+    assert model._scratch and (out - mixed).abs().max().item() < 1e-5
+    model._stored_kinds[1] = None  # the dequantizing path
+    dequantized = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
+    assert model._scratch and (out - dequantized).abs().max().item() < 1e-5
+
+
+def test_the_kernel_can_be_switched_off(monkeypatch: Any) -> None:
+    monkeypatch.setenv("RUNAHEAD_QUANT_KERNEL", "off")
+    qkernel._library.cache_clear()
+    try:
+        assert not qkernel.available()
+        with pytest.raises(RuntimeError, match="not available"):
+            qkernel.grouped_product(torch.zeros(1, 32), [0], [(0, 1)], "Q4_0", 32)
+    finally:
+        monkeypatch.delenv("RUNAHEAD_QUANT_KERNEL")
+        qkernel._library.cache_clear()
+
+
+@needs_kernel
+def test_auto_dtype_computes_a_gguf_in_float32_where_the_kernel_runs(tmp_path: Path) -> None:
+    from runahead.backends.torch import TorchBackend
+
+    path, _ = build_tiny_gguf("qwen3_moe", tmp_path, "Q4_0")
+    backend = TorchBackend.open(str(path), cache_slots=4, dtype="auto")
+    try:
+        assert backend.compute_dtype == "float32"
+    finally:
+        backend.close()
