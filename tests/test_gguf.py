@@ -43,7 +43,12 @@ from runahead.store import DiskStore, HostStore, SlotPool
 from simhelpers import POLICIES
 
 CASES = [(arch, kind) for kind in ("Q4_0", "Q8_0") for arch in GGUF_ARCH]
-POLICY_CASES = [(case, policy) for case in CASES for policy in POLICIES]
+Q8_0_POLICIES = ("sync", "prefetch-gate")
+"""Q8_0 differs from Q4_0 in the slot's arithmetic, not in scheduling: beside the reference run
+(``runahead``) it runs the baseline and a prefetcher; every policy runs at Q4_0, the paper's format."""
+POLICY_CASES = [
+    (case, policy) for case in CASES for policy in (POLICIES if case[1] == "Q4_0" else Q8_0_POLICIES)
+]
 
 
 def _reference(arch: str, gguf_path: Path, hf: Path, folder: Path) -> Any:
