@@ -132,12 +132,12 @@ class JobIssuer:
         missing = self.cache.pin_all(job.keys)
         if self.predictor is not None:
             self.cache.release_prefetches(job.request)  # its job took what was predicted for it
-        if self.predictor is not None and job.wave == 0:
-            hint = self.predictor.predict(job)
-            layer = job.layer + 1
-            self.fetcher.put_nowait(
-                Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint))
-            )
+            if job.wave == 0:
+                hint = self.predictor.predict(job)
+                layer = job.layer + 1
+                self.fetcher.put_nowait(
+                    Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint))
+                )
         if not missing:
             return job
         self._block(job, missing)
