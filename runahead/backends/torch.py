@@ -131,11 +131,12 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
-        if dtype == "auto" and torch.device(device).type == "cpu" and _stored_kernel_applies(path):
-            dtype = torch.float32  # the stored-expert kernel multiplies float32 rows
-        elif dtype == "auto" and torch.device(device).type == "cpu":
-            config = model_config(path)
-            dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
+        if dtype == "auto" and torch.device(device).type == "cpu":
+            if _stored_kernel_applies(path):
+                dtype = torch.float32  # the stored-expert kernel multiplies float32 rows
+            else:
+                config = model_config(path)
+                dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
         else:
             dtype = resolve_dtype(dtype, device)
         model, layout = load_model(path, device=device, dtype=dtype)
