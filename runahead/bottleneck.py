@@ -37,6 +37,9 @@ class Outlook:
     group_s: Callable[[Sequence[Job]], float]
     compute_share: float = 1.0
     """Compute busy time over link busy time so far: above 1 the compute unit is the bottleneck."""
+    tail_layer: int | None = None
+    """The layer whose computed jobs reveal no read the link could start before the step barrier
+    releases the next token (the last layer, with the barrier on); None without a barrier."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +56,11 @@ HOLD_STARVE_ALLOWANCE = 0.5
 """A hold may starve the link longer than computing now would by at most this share of its group's
 compute (hold_until)."""
 
-HOLD_MIN_COMPUTE_SHARE = 0.9
-"""Groups are held only while compute busy time is at least this share of link busy time so far:
-with the compute unit far from the bottleneck, reading shared weights again costs nothing that
-matters, and the paper's rule keeps the link fed best."""
+HOLD_MIN_COMPUTE_SHARE = 1.1
+"""Groups below the tail layer are held only while compute busy time is at least this share of link
+busy time so far: short of that, the link's own idle time at each step's start and end outweighs
+the compute saved, and the paper's rule keeps the link fed best (tail-layer groups are always
+considered: their reveals give the link nothing)."""
 
 
 def landing_times(
@@ -97,6 +101,8 @@ def hold_until(
     link_free_at: float,
     group_s: Callable[[Sequence[Job]], float],
     reveal_s: float,
+    *,
+    reveals: bool = True,
 ) -> float | None:
     """Whether to hold the ready group back: None (compute it now) or the time to wait until.
 
@@ -111,15 +117,22 @@ def hold_until(
     that starves the link longer than computing now would, by more than
     ``HOLD_STARVE_ALLOWANCE`` of its group's compute, is not taken (run ahead only as far as it
     keeps the link busy; otherwise batch). Ties keep the shorter wait. Pure and deterministic.
+
+    ``reveals=False`` (the tail layer: the jobs' reveals give the link nothing before the step
+    barrier releases) scores the same window with no reads revealed and no starvation limit, so the
+    layer's groups finish as early as they can: the paper's rule there often computes the layer in
+    two or three groups, each reading the layer's (and the output head's) shared weights again.
     """
     best_k, best = 0, math.inf
+    if not reveals:
+        reveal_s = 0.0
     starved_now = max(0.0, now + group_s(ready) - link_free_at)
     for k in range(len(waiting) + 1):
         start = now if k == 0 else max(now, waiting[k - 1][0])
         first = [*ready, *(job for _, job in waiting[:k])]
         busy = group_s(first)
         done = start + busy
-        if k and done - link_free_at > starved_now + HOLD_STARVE_ALLOWANCE * busy:
+        if reveals and k and done - link_free_at > starved_now + HOLD_STARVE_ALLOWANCE * busy:
             continue
         link = max(link_free_at, done) + len(first) * reveal_s
         if k < len(waiting):

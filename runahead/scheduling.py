@@ -158,27 +158,31 @@ class ComputeQueue:
 
         Without ``bottleneck`` grouping, or without an ``outlook``, this is :meth:`select_group`.
         With it, the opportunistic group may be held back for blocked jobs of its layer, as
-        :func:`hold_until` decides, but only while the compute unit is near the bottleneck
-        (``compute_share >= HOLD_MIN_COMPUTE_SHARE``); a group returned is the opportunistic one.
+        :func:`hold_until` decides: at the tail layer (``outlook.tail_layer``: its reveals give the
+        link nothing before the step barrier) always, elsewhere only while the compute unit is the
+        bottleneck (``compute_share >= HOLD_MIN_COMPUTE_SHARE``). A group returned is the
+        opportunistic one.
         """
         ready = self._ready
-        if (
-            ready
-            and outlook is not None
-            and self.grouping.bottleneck
-            and outlook.blocked
-            and outlook.compute_share >= HOLD_MIN_COMPUTE_SHARE
-        ):
+        if ready and outlook is not None and self.grouping.bottleneck and outlook.blocked:
             layer = min(ready.values(), key=_rank_of)[2].layer
+            members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
+            # a prefill wave before the last reveals its next wave's experts: not a tail group
+            tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
             same = [job for job in outlook.blocked if job.layer == layer]
-            if same:
+            if same and (tail or outlook.compute_share >= HOLD_MIN_COMPUTE_SHARE):
                 landing, link_free_at = landing_times(
                     outlook.now, outlook.blocked, outlook.state, outlook.fetch_s
                 )
                 waiting = sorted(((landing[job.request], job) for job in same), key=landing_order)
-                members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
                 deadline = hold_until(
-                    outlook.now, members, waiting, link_free_at, outlook.group_s, outlook.reveal_s
+                    outlook.now,
+                    members,
+                    waiting,
+                    link_free_at,
+                    outlook.group_s,
+                    outlook.reveal_s,
+                    reveals=not tail,
                 )
                 if deadline is not None:
                     return Hold(deadline)

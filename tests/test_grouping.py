@@ -107,8 +107,35 @@ def test_an_expert_two_jobs_need_is_read_once() -> None:
     assert ready_at == {0: 1.0, 1: 1.0} and link_free_at == 1.0
 
 
-def outlook(blocked: list[Job], state, share: float = 1.0, now: float = 0.0) -> Outlook:  # type: ignore[no-untyped-def]
-    return Outlook(now, blocked, state, 0.1, 0.0, shared_plus_per_job(1.0, 0.1), share)
+def test_a_tail_group_waits_even_when_the_link_would_idle() -> None:
+    # the link has nothing queued; a group costs 1.0 + 0.1 per job and the other job lands at 0.8.
+    # Below the tail, computing now reveals reads 1.1 s from now, while holding starves the link
+    # until 2.0 (more than half the held group's compute longer): run ahead.
+    ready, late = [job(0, 3)], job(1, 3)
+    group_s = shared_plus_per_job(1.0, 0.1)
+    assert hold_until(0.0, ready, [(0.8, late)], 0.0, group_s, 0.3) is None
+    # At the tail layer the reveals give the link nothing: now, then the other, ends at 2.2 after
+    # 2.2 s of compute; one group at 0.8 ends at 2.0 after 1.2 s.
+    assert hold_until(0.0, ready, [(0.8, late)], 0.0, group_s, 0.3, reveals=False) == 0.8
+
+
+def test_a_tail_group_computes_now_when_its_ready_part_overlaps_the_late_read() -> None:
+    # 1.0 shared + 0.5 per job; three jobs ready, one landing at 9.5. Now (done 2.5), then the late
+    # one alone: done 11.0 after 4.0 s of compute, score 11.0 + 0.25 * 4.0 = 12.0; one group at 9.5:
+    # done 12.5 after 2.5 s, score 13.125. The layer ends sooner computing now.
+    ready, late = [job(0, 3), job(1, 3), job(2, 3)], job(3, 3)
+    group_s = shared_plus_per_job(1.0, 0.5)
+    assert hold_until(0.0, ready, [(9.5, late)], 0.0, group_s, 0.3, reveals=False) is None
+
+
+def outlook(  # type: ignore[no-untyped-def]
+    blocked: list[Job],
+    state,
+    share: float = HOLD_MIN_COMPUTE_SHARE,
+    now: float = 0.0,
+    tail: int | None = None,
+) -> Outlook:
+    return Outlook(now, blocked, state, 0.1, 0.0, shared_plus_per_job(1.0, 0.1), share, tail)
 
 
 def test_plan_holds_for_a_same_layer_job_whose_read_is_landing() -> None:
@@ -130,6 +157,27 @@ def test_plan_groups_as_the_paper_when_compute_is_far_from_the_bottleneck() -> N
     assert isinstance(choice, Group) and [j.request for j in choice.jobs] == [0]
 
 
+def test_plan_holds_a_tail_group_whatever_the_compute_share() -> None:
+    # compute far from the bottleneck and the link idle: below the tail the paper's group goes now,
+    # at the tail layer (the last, under the step barrier) it waits for the job landing at 0.1
+    view = states(pending={ExpertKey(3, 4)})
+    for tail, expected in ((None, Group), (3, Hold)):
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+        queue.add(job(0, 3))
+        choice = queue.plan({}, {}, outlook([job(1, 3, (4,))], view, share=0.5, tail=tail))
+        assert isinstance(choice, expected)
+    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.1)
+
+
+def test_a_prefill_wave_at_the_tail_layer_is_no_tail_group() -> None:
+    # a wave before the last reveals its next wave's experts: the compute-share gate applies
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+    queue.add(Job(0, 0, 3, (1,), lane=0, remaining=(2,)))
+    view = states(pending={ExpertKey(3, 4)})
+    choice = queue.plan({}, {}, outlook([job(1, 3, (4,))], view, share=0.5, tail=3))
+    assert isinstance(choice, Group)
+
+
 def test_plan_is_select_group_for_the_papers_grouping_and_without_an_outlook() -> None:
     for grouping, view in (
         (Grouping(), outlook([job(1, 3, (4,))], states())),
@@ -148,9 +196,11 @@ def test_plan_is_select_group_for_the_papers_grouping_and_without_an_outlook() -
     st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.booleans()), max_size=6),
     st.floats(0.0, 5.0),
     st.floats(0.01, 2.0),
+    st.sampled_from([0.5, HOLD_MIN_COMPUTE_SHARE, 2.0]),
+    st.one_of(st.none(), st.integers(0, 4)),
 )
 def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[no-untyped-def]
-    ready_layers, blocked_spec, reveal, fetch_s
+    ready_layers, blocked_spec, reveal, fetch_s, share, tail
 ) -> None:
     """No deadlock: a hold names a finite deadline no earlier than now, and a blocked job of the
     held layer exists (its landing sends the scheduler a message); the ready jobs stay queued."""
@@ -170,7 +220,8 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
         fetch_s,
         reveal,
         shared_plus_per_job(1.0, 0.2),
-        1.0,
+        share,
+        tail,
     )
     before = len(queue)
     choice = queue.plan({}, {}, view)

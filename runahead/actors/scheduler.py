@@ -135,6 +135,7 @@ class ComputeScheduler:
             reveal_s,
             self._group_s,
             recorder.compute_seconds / link_s if link_s else 1.0,
+            self.last_layer if self.barrier.enabled else None,
         )
 
     def _group_s(self, jobs: Sequence[Job]) -> float:
