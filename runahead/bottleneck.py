@@ -5,7 +5,8 @@ blocked jobs, the cache's state of their experts, the link's and the compute uni
 :meth:`runahead.scheduling.ComputeQueue.plan` asks :func:`hold_until` whether to compute the
 paper's opportunistic group now or :class:`Hold` it for jobs of the same layer whose reads are
 landing (:func:`landing_times`). :class:`ComputeFit` estimates a group's compute time for backends
-without a cost model. Beyond the paper; ``runahead/grouping=bottleneck`` selects it.
+without a cost model. Beyond the paper; plain ``runahead`` (or ``runahead/grouping=bottleneck``)
+uses it, ``runahead/grouping=opportunistic`` is the paper's rule.
 """
 
 from __future__ import annotations

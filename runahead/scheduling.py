@@ -12,8 +12,8 @@ always compute together, the baseline of the paper's C1; ``sync`` is one static 
 
 Beyond the paper, ``bottleneck`` grouping (:meth:`ComputeQueue.plan`; the rule itself is
 :func:`runahead.bottleneck.hold_until`) may hold the opportunistic group back until jobs of the same
-layer whose fetches are landing join it, when the link has enough revealed work to stay busy
-meanwhile.
+layer whose fetches are landing join it, when that saves more compute than the wait idles and the
+link has enough revealed work to stay busy meanwhile (plain ``runahead`` uses it).
 
 No ``await``, no I/O, no clock: the actors wrap these classes, and the tests drive them directly.
 """
