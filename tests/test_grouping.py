@@ -59,6 +59,9 @@ def test_bottleneck_grouping_parses_and_prints_its_name() -> None:
     assert parse_policy(policy.spec) == policy
     paper = parse_policy("runahead/grouping=opportunistic")
     assert not paper.grouping.bottleneck and parse_policy(paper.spec) == paper
+    # plain runahead is the bottleneck-aware grouping; the paper's keeps its name as a knob
+    assert parse_policy("runahead") == policy and policy.spec == "runahead"
+    assert paper.spec == "runahead/grouping=opportunistic"
 
 
 def test_an_unknown_grouping_names_the_choices() -> None:
