@@ -39,8 +39,18 @@ class Clock:
         return asyncio.get_running_loop().time()
 
     async def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` of loop time (yields once even for zero)."""
-        await asyncio.sleep(max(0.0, seconds))
+        """Wait ``seconds`` of loop time.
+
+        Yields once even for zero, unless the loop is a :class:`VirtualTimeLoop` with nothing else
+        to run before this task would resume (:meth:`VirtualTimeLoop.quiet`): that yield would
+        change nothing but cost a loop iteration and a task step.
+        """
+        if seconds <= 0:
+            loop = asyncio.get_running_loop()
+            if isinstance(loop, VirtualTimeLoop) and loop.quiet():
+                return
+            seconds = 0.0
+        await asyncio.sleep(seconds)
 
     async def sleep_until(self, deadline: float) -> None:
         """Wait until the loop's clock reads ``deadline``."""
@@ -170,6 +180,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def charged_s(self) -> float:
         """Virtual seconds that were the loop's own CPU time (0 unless ``charge_cpu``)."""
         return self._virtual.charged_ticks / TICKS_PER_S
+
+    def quiet(self) -> bool:
+        """Whether a task yielding now would be the next thing to run: no callback is ready, no
+        timer is due at this instant, the loop is not stopping (and not in debug mode).
+
+        Then the yield changes no order of events (and no virtual time), so a caller may skip it.
+        """
+        loop: Any = self
+        if loop._ready or loop._stopping or loop._debug:
+            return False
+        scheduled = loop._scheduled
+        return not scheduled or scheduled[0]._when >= self.time() + loop._clock_resolution
 
     def call_soon(  # type: ignore[override]
         self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
