@@ -21,8 +21,9 @@ import heapq
 import math
 import selectors
 import time
-from asyncio import base_events, events, format_helpers
-from collections.abc import Callable, Coroutine
+import types
+from asyncio import base_events, events, format_helpers, futures
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -44,17 +45,41 @@ class Clock:
         Yields once even for zero, unless the loop is a :class:`VirtualTimeLoop` with nothing else
         to run before this task would resume (:meth:`VirtualTimeLoop.quiet`): that yield would
         change nothing but cost a loop iteration and a task step.
+
+        NOTE (why not ``asyncio.sleep`` on a virtual-time loop): a simulated run sleeps for every
+        read and every compute. ``asyncio.sleep`` cancels its timer even after it ran, which goes
+        through the loop's debug check; this is the same timer, due at the same time, with the
+        same callback, cancelled only if the wait is.
         """
-        if seconds <= 0:
-            loop = asyncio.get_running_loop()
-            if isinstance(loop, VirtualTimeLoop) and loop.quiet():
-                return
-            seconds = 0.0
-        await asyncio.sleep(seconds)
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, VirtualTimeLoop):
+            await asyncio.sleep(max(0.0, seconds))
+        elif seconds <= 0:
+            if not loop.quiet():
+                await _yield()
+        else:
+            future = loop.create_future()
+            timer = loop.call_at(loop.time() + seconds, _set_result_unless_cancelled, future, None)
+            try:
+                await future
+            except BaseException:
+                timer.cancel()
+                raise
 
     async def sleep_until(self, deadline: float) -> None:
         """Wait until the loop's clock reads ``deadline``."""
-        await asyncio.sleep(max(0.0, deadline - self.now()))
+        await self.sleep(deadline - self.now())
+
+
+@types.coroutine
+def _yield() -> Generator[None, None, None]:
+    """One bare yield to the loop (what ``asyncio.sleep(0)`` does)."""
+    yield
+
+
+_set_result_unless_cancelled: Callable[[asyncio.Future[None], None], None] = (
+    futures._set_result_unless_cancelled  # type: ignore[attr-defined]
+)
 
 
 class SimulationStalled(RuntimeError):
