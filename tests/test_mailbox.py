@@ -11,17 +11,25 @@ from runahead.clock import run_virtual
 from runahead.mailbox import Handoff, Mailbox, serve
 
 
-def _queue_script(make: Any) -> list[str]:
-    """Two producers and one reader interleaving puts and gets; the order in which steps ran."""
+def _queue_script(make: Any, reader_kind: str = "pausing", bystander_turns: int = 0) -> list[str]:
+    """Two producers and one reader interleaving puts and gets; the order in which steps ran.
+
+    ``reader_kind``: a task that pauses after some items (``pausing``), one that does not
+    (``task``), or a synchronous handler served from the mailbox (``served``). A bystander task
+    takes ``bystander_turns`` turns meanwhile.
+    """
     log: list[str] = []
 
     async def main() -> None:
         box = make()
 
         async def reader() -> None:
+            if reader_kind == "served":
+                await serve(box, lambda item: log.append(f"got {item}"))
+                return
             while (item := await box.get()) is not None:
                 log.append(f"got {item}")
-                if item % 3 == 0:
+                if reader_kind == "pausing" and item % 3 == 0:
                     await asyncio.sleep(0)
                     log.append(f"after {item}")
 
@@ -32,8 +40,14 @@ def _queue_script(make: Any) -> list[str]:
                 if item % 2:
                     await asyncio.sleep(0)
 
+        async def bystander() -> None:
+            for turn in range(bystander_turns):
+                log.append(f"turn {turn}")
+                await asyncio.sleep(0)
+
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(reader())
+            tasks.create_task(bystander())
             await asyncio.sleep(0)
             tasks.create_task(producer("a", range(0, 10)))
             tasks.create_task(producer("b", range(10, 20)))
@@ -83,50 +97,10 @@ def test_mailbox_is_bounded_fifo_with_one_reader() -> None:
     asyncio.run(main())
 
 
-def _serve_script(make: Any, served: bool) -> list[str]:
-    """A synchronous handler reading a mailbox while two producers and a bystander task run."""
-    log: list[str] = []
-
-    async def main() -> None:
-        box = make()
-
-        async def reader() -> None:
-            if served:
-                await serve(box, lambda item: log.append(f"got {item}"))
-            else:
-                while (item := await box.get()) is not None:
-                    log.append(f"got {item}")
-
-        async def producer(name: str, items: range) -> None:
-            for item in items:
-                box.put_nowait(item)
-                log.append(f"{name} put {item}")
-                if item % 2:
-                    await asyncio.sleep(0)
-
-        async def bystander() -> None:
-            for turn in range(8):
-                log.append(f"turn {turn}")
-                await asyncio.sleep(0)
-
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(reader())
-            tasks.create_task(bystander())
-            await asyncio.sleep(0)
-            tasks.create_task(producer("a", range(0, 7)))
-            tasks.create_task(producer("b", range(10, 15)))
-            for _ in range(10):
-                await asyncio.sleep(0)
-            box.put_nowait(None)
-
-    asyncio.run(main())
-    return log
-
-
 def test_a_served_mailbox_handles_items_when_a_reader_task_would() -> None:
-    expected = _serve_script(lambda: asyncio.Queue(100), served=False)
-    assert _serve_script(lambda: Mailbox(100), served=True) == expected
-    assert sum(line.startswith("got") for line in expected) == 12
+    expected = _queue_script(lambda: asyncio.Queue(100), "task", bystander_turns=8)
+    assert _queue_script(lambda: Mailbox(100), "served", bystander_turns=8) == expected
+    assert sum(line.startswith("got") for line in expected) == 20
 
 
 def test_a_served_mailbox_raises_the_handlers_error_and_has_one_reader() -> None:
