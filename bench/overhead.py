@@ -8,9 +8,13 @@ and 16 requests, cache 1.0 and 0.3) and, with ``--real``, the same with the Thor
 ``--check`` instead runs a fixed set of simulated runs (every policy and knob, both profiles,
 chat and agentic, zero cost with prefetch) in both trees and compares what they decided: every
 compute and read record, every token time and the cache counters, as one digest per run.
+``--instructions`` counts the instructions of each point's run alone under valgrind's callgrind
+(the run bracketed by callgrind client requests through a small C helper built with ``cc``): slow
+(~50x), but deterministic, so a few percent show on a loaded machine where CPU time cannot.
 
     python bench/overhead.py --before /tmp/main-src --after . --reps 3
     python bench/overhead.py --before /tmp/main-src --after . --check
+    python bench/overhead.py --before /tmp/main-src --after . --instructions --steps 8
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +104,75 @@ digest = hashlib.sha256(
 keep = ("cpu_s", "jobs", "groups_run", "reads", "tokens_per_s")
 print(json.dumps({"digest": digest, "package": runahead.__file__, **{k: best[k] for k in keep}}))
 """
+
+
+CALLGRIND_HELPER = """
+#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; CALLGRIND_TOGGLE_COLLECT; }
+void cg_stop(void) {
+    CALLGRIND_TOGGLE_COLLECT; CALLGRIND_DUMP_STATS_AT("run"); CALLGRIND_STOP_INSTRUMENTATION;
+}
+"""
+
+IR_WORKER = """
+import ctypes, json, sys
+import runahead, runahead.bench as bench
+helper = ctypes.CDLL(sys.argv[2])
+run_virtual = bench.run_virtual
+def bracketed(*args, **kwargs):
+    helper.cg_start()
+    try:
+        return run_virtual(*args, **kwargs)
+    finally:
+        helper.cg_stop()
+bench.run_virtual = bracketed
+row = bench.run_point(bench.BenchPoint(**json.loads(sys.argv[1])))
+keep = ("jobs", "groups_run", "reads")
+print(json.dumps({"package": runahead.__file__, **{k: row[k] for k in keep}}))
+"""
+
+
+def measure_instructions(tree: Path, fields: dict[str, Any], helper: Path) -> dict[str, Any]:
+    """Instructions of one point's run (not the start-up, not the summary) under callgrind."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "cg.out"
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no"]
+        command += [f"--callgrind-out-file={out}", sys.executable, "-P", "-c", IR_WORKER]
+        done = subprocess.run(
+            [*command, json.dumps(fields), str(helper)], env=env, capture_output=True, text=True
+        )
+        if done.returncode:
+            raise RuntimeError(f"{tree}: {fields}: {done.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        for dump in Path(folder).glob("cg.out*"):
+            text = dump.read_text()
+            if "Trigger: Client Request: run" in text:
+                totals = [line for line in text.splitlines() if line.startswith("totals:")]
+                result["instructions"] = int(totals[0].split()[1])
+    if not result["package"].startswith(str(tree.resolve())) or "instructions" not in result:
+        raise RuntimeError(f"{tree}: ran {result['package']}, or no dump of the run")
+    return result
+
+
+def compare_instructions(before: Path, after: Path, steps: int, real: bool) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        source, helper = Path(folder) / "cg.c", Path(folder) / "cg.so"
+        source.write_text(CALLGRIND_HELPER)
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(helper), str(source)], check=True)
+        print(
+            f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {'before Ir/job':>13} "
+            f"{'after Ir/job':>12} {'after/before':>12}"
+        )
+        for fields in overhead_points(steps, real):
+            b, a = (measure_instructions(tree, fields, helper) for tree in (before, after))
+            per_b, per_a = b["instructions"] / b["jobs"], a["instructions"] / a["jobs"]
+            print(
+                f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
+                f"{fields['cache_fraction']:>5.2f} {a['jobs']:>6} {per_b:>13.0f} {per_a:>12.0f} "
+                f"{per_a / per_b:>12.3f}",
+                flush=True,
+            )
 
 
 def measure(tree: Path, fields: dict[str, Any], reps: int = 1) -> dict[str, Any]:
@@ -187,9 +261,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="processes per point and tree, alternating")
     parser.add_argument("--real", action="store_true", help="the Thor's costs instead of zero cost")
     parser.add_argument("--check", action="store_true", help="compare decisions instead of cost")
+    parser.add_argument("--instructions", action="store_true", help="count instructions (callgrind)")
     args = parser.parse_args()
     if args.check:
         return compare_decisions(args.before, args.after)
+    if args.instructions:
+        compare_instructions(args.before, args.after, args.steps, args.real)
+        return 0
     compare_cost(args.before, args.after, args.steps, args.reps, args.real, args.rounds)
     return 0
 

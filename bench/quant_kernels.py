@@ -15,7 +15,8 @@ of ``--repeat``, rotating over ``--experts`` distinct slots so the quantized byt
   reported apart: it would run at slot install time)
 - ``compiled``: the fast dequantizer under ``torch.compile`` (with ``--compile``; its compile time
   is reported)
-- ``qkernel``: the products on the stored bytes (``runahead.models.qkernel``), no dequantized copy
+- ``qkernel``: the products on the stored bytes (``runahead.models.qkernel``), no dequantized copy;
+  ``qkernel-portable``: the same with the kernel's portable C build (what arm64 CPUs run)
 
     PYTHONPATH=$PWD python bench/quant_kernels.py [--rows 1,2,4,8] [--repeat 30] [--out FILE]
 """
@@ -157,12 +158,12 @@ def run_int4(packed: list[tuple[Tensor, Tensor]], x: Tensor) -> Tensor:
     return mm(h.contiguous(), d, 32, ds)  # type: ignore[no-any-return]
 
 
-def run_qkernel(slot: Tensor, fmt: SlotFormat, x: Tensor) -> Tensor:
+def run_qkernel(slot: Tensor, fmt: SlotFormat, x: Tensor, build: str | None = None) -> Tensor:
     """The expert on the stored bytes (``runahead.models.qkernel``) as ``MoEModel.stored_experts`` runs it."""
     kind, span, base = fmt.parts[0].kind, [(0, x.shape[0])], slot.data_ptr()
-    gate_up = qkernel.grouped_product(x, [base], span, kind, 2 * INTER)
+    gate_up = qkernel.grouped_product(x, [base], span, kind, 2 * INTER, build=build)
     h = F.silu(gate_up[:, :INTER]) * gate_up[:, INTER:]
-    return qkernel.grouped_product(h, [base + fmt.parts[2].start], span, kind, HIDDEN)
+    return qkernel.grouped_product(h, [base + fmt.parts[2].start], span, kind, HIDDEN, build=build)
 
 
 def timed_ms(fn: Callable[[int], Any], repeat: int) -> tuple[float, float]:
@@ -195,6 +196,8 @@ def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: 
         options[f"dequant-{name}"] = lambda i, x, dq=dq: run_expert(dq(slots[i % experts], fmt, scratch), x)
     if qkernel.available():
         options["qkernel"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x)
+    if qkernel.load("portable") is not None:
+        options["qkernel-portable"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x, "portable")
     extra: dict[str, Any] = {"kind": kind, "threads": torch.get_num_threads()}
     if kind == "Q4_0":
         start = time.perf_counter()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from runahead.backends.sim import SimBackend
+from runahead.bench_requests import WORKLOADS, request_specs
 from runahead.clock import run_virtual
 from runahead.costs import CostModel
 from runahead.jobs import ExpertKey, RequestSpec
@@ -38,22 +38,6 @@ from runahead.runtime import Runtime, RuntimeConfig
 from runahead.specs import ModelSpec, load_model_spec, load_profile
 from runahead.synthetic import default_trace
 from runahead.trace import RoutingTrace
-from runahead.workloads import AGENTIC, CHAT, RequestSample, sample_requests
-
-WORKLOADS = {"chat": int(CHAT.mean_prompt_tokens), "agentic": 24_000}
-"""Workloads by name (the request mixes of :mod:`runahead.workloads`) -> their typical prompt tokens.
-
-``chat`` (decode-dominated): ``concurrency`` requests whose prompts (ShareGPT-shaped, mean ~161) are
-context already in the KV cache (``prompt_tokens``); each decodes ``steps`` tokens over the trace
-(ShareGPT outputs, mean ~338, outlast the measured window, so no request finishes early).
-
-``agentic`` (long prompts): a closed loop at ``concurrency`` over SWE-agent-style turns, see
-:func:`agentic_specs`: the history is cached context, the turn's new tokens are prefilled through
-the pipeline in chunks of ``prefill_chunk``; a finished request's lane takes the next turn at once.
-The value is the workload's median prompt (for display only)."""
-
-AGENTIC_MAX_PREFILL = 4096
-"""Cap on one agentic turn's new (prefilled) tokens: a long observation is truncated, as SWE-agent does."""
 
 REQUIRED_FIELDS = (
     "policy",
@@ -96,6 +80,9 @@ class BenchPoint:
     """Advance virtual time by the CPU time the runtime (and the sim) spend on the event loop, as a
     real machine's loop thread would: the row then shows what that cost does to the schedule.
     Such runs differ slightly from one run (and machine) to the next."""
+    workload_file: str | None = None
+    """The workload's requests read from this file (:mod:`runahead.bench_requests`): ShareGPT JSON
+    for ``chat``, a SWE-agent ``.traj`` file or a folder of them for ``agentic``; None: synthetic."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -127,45 +114,6 @@ def warm_keys(trace: RoutingTrace, requests: int, steps: int) -> Iterator[Expert
                     yield ExpertKey(layer, expert)
 
 
-def chat_specs(point: BenchPoint) -> list[RequestSpec]:
-    """``chat``: one request per lane, its sampled prompt as cached context, ``steps`` decode tokens each."""
-    samples = sample_requests(CHAT, point.concurrency, point.seed)
-    return [
-        RequestSpec(r, point.steps, prompt_tokens=sample.prompt_tokens + point.warmup_steps)
-        for r, sample in enumerate(samples)
-    ]
-
-
-def agentic_specs(point: BenchPoint) -> list[RequestSpec]:
-    """``agentic``: the closed loop's requests in submission order; ``concurrency * steps`` decode tokens.
-
-    Each request is one turn of :data:`runahead.workloads.AGENTIC` (seeded by ``point.seed``). Its
-    prompt splits into context an earlier turn left in the KV cache (``prompt_tokens``; agents reuse
-    their prefix) and the turn's new tokens, prefilled through the pipeline (``prefill_tokens``):
-    one tool observation (lognormal, median 600, the workload's own observation model) plus the
-    previous output (the workload's mean), at most :data:`AGENTIC_MAX_PREFILL` and at most the
-    prompt. It decodes ``min(output, steps)`` tokens; the last request is cut to the token budget.
-    """
-    budget = point.concurrency * point.steps
-    count = budget // AGENTIC.min_output_tokens + point.concurrency + 1  # enough whatever the draws
-    samples: list[RequestSample] = sample_requests(AGENTIC, count, point.seed)
-    rng = np.random.default_rng([point.seed, 0x5E1F])
-    observations = rng.lognormal(
-        math.log(AGENTIC.observation_tokens_median), AGENTIC.observation_sigma, count
-    )
-    specs = []
-    for r, (sample, observation) in enumerate(zip(samples, observations.tolist(), strict=True)):
-        if budget <= 0:
-            break
-        new = round(observation) + round(AGENTIC.mean_output_tokens)
-        new = max(1, min(new, AGENTIC_MAX_PREFILL, sample.prompt_tokens))
-        tokens = min(sample.output_tokens, point.steps, budget)
-        budget -= tokens
-        cached = sample.prompt_tokens - new + point.warmup_steps
-        specs.append(RequestSpec(r, tokens, prompt_tokens=cached, prefill_tokens=new))
-    return specs
-
-
 def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: Any = None) -> dict[str, Any]:
     """Measure one point on the sim backend; return its result row.
 
@@ -179,7 +127,7 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     use_recorded = recorded is not None and point.model == recorded.name
     model = recorded if recorded is not None and use_recorded else load_model_spec(point.model)
     profile = load_profile(point.profile)
-    specs = agentic_specs(point) if point.workload == "agentic" else chat_specs(point)
+    specs = request_specs(point)
     if trace is None:
         trace = default_trace(model, len(specs), point.warmup_steps + point.steps, point.seed)
     else:
@@ -413,6 +361,7 @@ def sweep(
     zero_cost: bool = False,
     prefill_chunk: int = 512,
     charge_overhead: bool = False,
+    workload_file: str | None = None,
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
@@ -431,6 +380,7 @@ def sweep(
             zero_cost,
             prefill_chunk,
             charge_overhead,
+            workload_file,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             concurrencies, cache_fractions, barriers, policies

@@ -163,6 +163,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from runahead.bench import format_overhead, format_table, run_sweep, sweep
+    from runahead.bench_requests import check_workload_file
     from runahead.progress import progress_bar
     from runahead.trace import RoutingTrace
 
@@ -172,6 +173,11 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.trace is not None:
             raise ValueError(
                 f"--trace replays recorded routing on the sim backend: drop --backend {args.backend}"
+            )
+        if args.workload_file is not None or args.workload != "chat":
+            raise ValueError(
+                f"--workload and --workload-file shape the sim backend's requests: drop them for --backend "
+                f"{args.backend} (it decodes the chat workload)"
             )
         return run_torch_bench(args)
     trace = RoutingTrace.load(args.trace) if args.trace else None
@@ -194,7 +200,11 @@ def run_bench(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         zero_cost=args.zero_cost,
         charge_overhead=args.charge_overhead,
+        workload_file=args.workload_file,
     )
+    if args.workload_file is not None:
+        count = check_workload_file(args.workload, args.workload_file)
+        print(f"{args.workload} workload: {count} requests from {args.workload_file}")
     with progress_bar("bench", len(points), enabled=not args.quiet) as advance:
         report = _progress(len(points), args.quiet, advance)
         rows = run_sweep(points, args.out, trace, report, timeline=args.timeline)

@@ -194,6 +194,12 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument("--steps", type=a.integer(1), default=256, help="decode steps measured per request")
     bench.add_argument("--workload", default="chat", choices=["chat", "agentic"], help="sim: the request mix")
+    bench.add_argument(
+        "--workload-file",
+        metavar="PATH",
+        help="sim: the workload's requests from a file instead of the synthetic mix: ShareGPT JSON (chat), "
+        "a SWE-agent .traj file or a folder of them (agentic)",
+    )
     bench.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing and the prompts")
     bench.add_argument(
         "--step-barrier", type=a.barriers, default=[True], metavar="on|off|on,off", help="one step at a time"

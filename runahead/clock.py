@@ -21,8 +21,9 @@ import heapq
 import math
 import selectors
 import time
-from asyncio import base_events, events, format_helpers
-from collections.abc import Callable, Coroutine
+import types
+from asyncio import base_events, events, format_helpers, futures
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -39,12 +40,46 @@ class Clock:
         return asyncio.get_running_loop().time()
 
     async def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` of loop time (yields once even for zero)."""
-        await asyncio.sleep(max(0.0, seconds))
+        """Wait ``seconds`` of loop time.
+
+        Yields once even for zero, unless the loop is a :class:`VirtualTimeLoop` with nothing else
+        to run before this task would resume (:meth:`VirtualTimeLoop.quiet`): that yield would
+        change nothing but cost a loop iteration and a task step.
+
+        NOTE (why not ``asyncio.sleep`` on a virtual-time loop): a simulated run sleeps for every
+        read and every compute. ``asyncio.sleep`` cancels its timer even after it ran, which goes
+        through the loop's debug check; this is the same timer, due at the same time, with the
+        same callback, cancelled only if the wait is.
+        """
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, VirtualTimeLoop):
+            await asyncio.sleep(max(0.0, seconds))
+        elif seconds <= 0:
+            if not loop.quiet():
+                await _yield()
+        else:
+            future = loop.create_future()
+            timer = loop.call_at(loop.time() + seconds, _set_result_unless_cancelled, future, None)
+            try:
+                await future
+            except BaseException:
+                timer.cancel()
+                raise
 
     async def sleep_until(self, deadline: float) -> None:
         """Wait until the loop's clock reads ``deadline``."""
-        await asyncio.sleep(max(0.0, deadline - self.now()))
+        await self.sleep(deadline - self.now())
+
+
+@types.coroutine
+def _yield() -> Generator[None, None, None]:
+    """One bare yield to the loop (what ``asyncio.sleep(0)`` does)."""
+    yield
+
+
+_set_result_unless_cancelled: Callable[[asyncio.Future[None], None], None] = (
+    futures._set_result_unless_cancelled  # type: ignore[attr-defined]
+)
 
 
 class SimulationStalled(RuntimeError):
@@ -170,6 +205,18 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def charged_s(self) -> float:
         """Virtual seconds that were the loop's own CPU time (0 unless ``charge_cpu``)."""
         return self._virtual.charged_ticks / TICKS_PER_S
+
+    def quiet(self) -> bool:
+        """Whether a task yielding now would be the next thing to run: no callback is ready, no
+        timer is due at this instant, the loop is not stopping (and not in debug mode).
+
+        Then the yield changes no order of events (and no virtual time), so a caller may skip it.
+        """
+        loop: Any = self
+        if loop._ready or loop._stopping or loop._debug:
+            return False
+        scheduled = loop._scheduled
+        return not scheduled or scheduled[0]._when >= self.time() + loop._clock_resolution
 
     def call_soon(  # type: ignore[override]
         self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None

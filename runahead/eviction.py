@@ -70,6 +70,11 @@ class LRU:
         return None
 
 
+_SEQ_BITS = 40
+"""An LFU heap entry is one int, ``count << _SEQ_BITS | seq``: ordered as ``(count, seq)`` (sequence
+numbers stay below ``2**40``), compared in C without building or comparing a tuple per step."""
+
+
 class LFU:
     """Least frequently used, counting every use since the run began (counts survive eviction).
 
@@ -79,8 +84,9 @@ class LFU:
 
     def __init__(self) -> None:
         self.counts: dict[Hashable, int] = {}
-        self._heap: list[tuple[int, int, Hashable]] = []
-        self._live: dict[Hashable, int] = {}  # candidate -> sequence number of its heap entry
+        self._heap: list[int] = []  # entries ``count << _SEQ_BITS | seq``
+        self._key_of: dict[int, Hashable] = {}  # heap entry -> its key
+        self._live: dict[Hashable, int] = {}  # candidate -> its current heap entry
         self._seq = 0
 
     def touch(self, key: Hashable) -> None:
@@ -95,31 +101,36 @@ class LFU:
             self._push(key)
 
     def add_all(self, keys: Iterable[Hashable]) -> None:
-        live, heap, counts = self._live, self._heap, self.counts
+        live, heap, counts, key_of = self._live, self._heap, self.counts, self._key_of
         seq = self._seq
         for key in keys:
             if key not in live:  # as add() and _push(), written out
                 seq += 1
-                live[key] = seq
-                heapq.heappush(heap, (counts.get(key, 0), seq, key))
+                entry = counts.get(key, 0) << _SEQ_BITS | seq
+                live[key] = entry
+                key_of[entry] = key
+                heapq.heappush(heap, entry)
         self._seq = seq
 
     def remove(self, key: Hashable) -> None:
         self._live.pop(key, None)
         if len(self._heap) > 4 * len(self._live) + 64:
-            self._heap = [item for item in self._heap if self._live.get(item[2]) == item[1]]
+            live, key_of = self._live, self._key_of
+            self._heap = [entry for entry in self._heap if live.get(key_of[entry]) == entry]
+            self._key_of = {entry: key_of[entry] for entry in self._heap}
             heapq.heapify(self._heap)
 
     def pop_victim(self, evictable: Evictable | None = None) -> Hashable | None:
-        heap, live = self._heap, self._live
+        heap, live, key_of = self._heap, self._live, self._key_of
         while heap:
-            count, seq, key = heapq.heappop(heap)
-            if live.get(key) != seq:
+            entry = heapq.heappop(heap)
+            key = key_of.pop(entry)
+            if live.get(key) != entry:
                 continue
             del live[key]
             if evictable is not None and not evictable(key):
                 continue  # pinned again since it was added; re-added when released
-            if count != self.counts.get(key, 0):
+            if entry >> _SEQ_BITS != self.counts.get(key, 0):
                 self._push(key)  # used since it was pushed: rank it by its current count
                 continue
             return key
@@ -127,8 +138,10 @@ class LFU:
 
     def _push(self, key: Hashable) -> None:
         self._seq += 1
-        self._live[key] = self._seq
-        heapq.heappush(self._heap, (self.counts.get(key, 0), self._seq, key))
+        entry = self.counts.get(key, 0) << _SEQ_BITS | self._seq
+        self._live[key] = entry
+        self._key_of[entry] = key
+        heapq.heappush(self._heap, entry)
 
 
 EVICTION_POLICIES: dict[str, type[LRU] | type[LFU]] = {"lru": LRU, "lfu": LFU}

@@ -1,4 +1,6 @@
-"""Messages between the three actors. Small frozen dataclasses; ``None`` on a queue means "close"."""
+"""Messages between the three actors. Small slotted dataclasses, never changed once sent (not ``frozen``:
+one is built per read and per group, and a frozen dataclass costs several times as much to build);
+``None`` on a queue means "close"."""
 
 from __future__ import annotations
 
@@ -9,28 +11,28 @@ from runahead.jobs import ExpertKey, Job, RequestSpec
 # -- to the JobIssuer ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Submit:
     """New requests to admit (from the runtime)."""
 
     requests: tuple[RequestSpec, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NextJobs:
     """Jobs revealed by a computed group (from the ComputeScheduler); answered by one :class:`Ready`."""
 
     jobs: tuple[Job, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FetchDone:
     """An expert landed in its slot (from the ExpertFetcher)."""
 
     key: ExpertKey
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FetchFailed:
     """A read of ``key`` failed after its retries (from the ExpertFetcher); ``error`` says why."""
 
@@ -38,14 +40,14 @@ class FetchFailed:
     error: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Finished:
     """A request produced its last token (from the ComputeScheduler)."""
 
     request: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cancel:
     """Stop a request now, releasing its pins and KV cache (runtime -> issuer -> scheduler).
 
@@ -59,14 +61,14 @@ class Cancel:
 # -- to the ComputeScheduler ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Started:
     """Admitted requests with their lanes; the scheduler creates their entry jobs."""
 
     requests: tuple[tuple[RequestSpec, int], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ready:
     """Jobs whose experts are all resident and pinned. ``reply`` marks the answer to a NextJobs."""
 
@@ -77,7 +79,7 @@ class Ready:
 # -- to the ExpertFetcher ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Blocked:
     """``job`` waits for ``missing`` experts."""
 
@@ -85,7 +87,7 @@ class Blocked:
     missing: tuple[ExpertKey, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prefetch:
     """A predictor's guess of experts ``request`` will need at ``progress``."""
 
@@ -94,7 +96,7 @@ class Prefetch:
     keys: tuple[ExpertKey, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Forget:
     """Drop a request's blocked job and hints (it ended or was cancelled)."""
 

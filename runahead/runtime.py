@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
 from runahead.backend import Backend, CacheWatcher, TokenScorer
 from runahead.cache import ExpertCache
-from runahead.clock import Clock
+from runahead.clock import Clock, VirtualTimeLoop
 from runahead.health import Health, RequestFailed
 from runahead.jobs import ExpertKey, RequestSpec
-from runahead.mailbox import Mailbox
+from runahead.mailbox import Handoff, Mailbox
 from runahead.messages import Cancel, FetcherMessage, IssuerMessage, SchedulerMessage, Submit
 from runahead.metrics import Recorder
 from runahead.policy import PolicyConfig, parse_policy
@@ -183,6 +183,8 @@ class Runtime:
         if self._task_group is not None:
             raise RuntimeError("this runtime is already running")
         policy = self.config.policy_config
+        loop = asyncio.get_running_loop()
+        quiet = loop.quiet if isinstance(loop, VirtualTimeLoop) else _never
         issuer: Mailbox[IssuerMessage] = Mailbox(MAILBOX_SIZE)
         scheduler: Mailbox[SchedulerMessage] = Mailbox(MAILBOX_SIZE)
         fetcher: Mailbox[FetcherMessage] = Mailbox(MAILBOX_SIZE)
@@ -216,7 +218,7 @@ class Runtime:
             queue=ComputeQueue(policy.compute_order, policy.grouping),
             barrier=StepBarrier(self.config.step_barrier),
             inbox=scheduler,
-            issuer=issuer,
+            issuer=Handoff(issuer, job_issuer.handle, quiet),
             clock=self.clock,
             recorder=self.recorder,
             sink=self,
@@ -307,6 +309,10 @@ class Runtime:
         else:
             self.health.requests_failed += 1
             handle._fail(RequestFailed(f"request {request} failed: {error}"))
+
+
+def _never() -> bool:
+    return False
 
 
 def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException:

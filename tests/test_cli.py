@@ -73,6 +73,15 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["bench", "--trace", "no-such.npz"], "no-such.npz"),
         (["bench", "--backend", "torch", "--trace", "t.npz"], "--trace replays recorded routing on the sim"),
         (["bench", "paper"], "runahead bench paper needs --out DIR"),
+        (["bench", "--workload-file", "no-such.json"], "ShareGPT file no-such.json does not exist"),
+        (
+            ["bench", "--workload", "agentic", "--workload-file", "no-such"],
+            "SWE-agent trajectory path no-such does not exist",
+        ),
+        (
+            ["bench", "--backend", "torch", "--workload-file", "x.json"],
+            "--workload-file shape the sim backend",
+        ),
     ],
 )
 def test_a_bad_argument_gets_one_line_and_exit_code_2(

@@ -5,12 +5,23 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from runahead.bench import BenchPoint
+from runahead.bench_requests import AGENTIC_MAX_PREFILL, request_specs
+from runahead.cli import main
 from runahead.jobs import RequestSpec
+from runahead.workload_files import (
+    WorkloadFileError,
+    estimate_tokens,
+    load_sharegpt,
+    load_swe_agent,
+    load_trajectories,
+)
 from runahead.workloads import (
     AGENTIC,
     AGENTIC_MEDIAN_PROMPT_RANGE,
@@ -18,11 +29,7 @@ from runahead.workloads import (
     WORKLOADS,
     AgenticWorkload,
     RequestSample,
-    WorkloadFileError,
-    estimate_tokens,
     get_workload,
-    load_sharegpt,
-    load_swe_agent,
     sample_requests,
     summary,
     to_request_specs,
@@ -244,3 +251,67 @@ def test_swe_agent_without_turns_is_an_error(tmp_path: Path) -> None:
     path = _write(tmp_path / "empty.traj", {"info": {}})
     with pytest.raises(WorkloadFileError, match=r"empty\.traj.*'history' or 'trajectory'"):
         load_swe_agent(path)
+
+
+def _trajectory(path: Path, outputs: list[int], observation: int) -> Path:
+    history: list[dict[str, object]] = [{"role": "system", "content": _words(100)}]
+    for output in outputs:
+        history.append({"role": "assistant", "content": _words(output)})
+        history.append({"role": "user", "content": _words(observation)})
+    return _write(path, {"history": history})
+
+
+def test_load_trajectories_reads_a_folder_and_skips_a_bad_file(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    _trajectory(tmp_path / "b" / "b.traj", [3, 4], 50)
+    _trajectory(tmp_path / "a.traj", [10, 20, 30], 200)
+    (tmp_path / "broken.traj").write_text("{not json")
+    (tmp_path / "notes.json").write_text("ignored: not a .traj")
+    turns = load_trajectories(tmp_path)  # estimated tokens: one per "w"
+    assert [(t.sample.prompt_tokens, t.sample.output_tokens, t.new_tokens) for t in turns] == [
+        (100, 10, 100),  # a.traj (sorted first): the first turn prefills its whole prompt
+        (100 + 10 + 200, 20, 10 + 200),  # then the previous output and the observation
+        (310 + 20 + 200, 30, 20 + 200),
+        (100, 3, 100),  # b/b.traj: a new trajectory starts from its whole prompt
+        (100 + 3 + 50, 4, 3 + 50),
+    ]
+    with pytest.raises(WorkloadFileError, match=r"broken\.traj.*not valid JSON"):
+        load_trajectories(tmp_path / "broken.traj")  # a single bad file is an error
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WorkloadFileError, match=r"empty holds no SWE-agent trajectory"):
+        load_trajectories(tmp_path / "empty")
+
+
+def test_bench_requests_come_from_the_files(tmp_path: Path) -> None:
+    conversations = [
+        {"conversations": [{"from": "human", "value": _words(n)}, {"from": "gpt", "value": _words(5)}]}
+        for n in (11, 12, 13)
+    ]
+    sharegpt = _write(tmp_path / "sharegpt.json", conversations)
+    chat = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 4, workload_file=str(sharegpt))
+    assert [(s.prompt_tokens, s.max_tokens) for s in request_specs(chat)] == [(11 + 8, 4), (12 + 8, 4)]
+    seeded = replace(chat, seed=1)  # starts concurrency * seed requests in, wrapping around
+    assert [s.prompt_tokens - 8 for s in request_specs(seeded)] == [13, 11]
+
+    _trajectory(tmp_path / "run.traj", [3, 9, 2], 6000)
+    agentic = replace(chat, workload="agentic", workload_file=str(tmp_path / "run.traj"), steps=4)
+    specs = request_specs(agentic)  # budget: 2 lanes x 4 tokens
+    assert [(s.prompt_tokens, s.prefill_tokens, s.max_tokens) for s in specs] == [
+        (8, 100, 3),  # first turn: the whole prompt is new
+        (100 + 3 + 6000 - AGENTIC_MAX_PREFILL + 8, AGENTIC_MAX_PREFILL, 4),  # new tokens capped
+        (6103 + 9 + 6000 - AGENTIC_MAX_PREFILL + 8, AGENTIC_MAX_PREFILL, 1),  # cut to the budget
+    ]
+
+
+def test_bench_runs_a_workload_file_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conversations = [
+        {"conversations": [{"from": "human", "value": _words(n)}, {"from": "gpt", "value": _words(5)}]}
+        for n in (40, 400)
+    ]
+    path = _write(tmp_path / "sharegpt.json", conversations)
+    argv = ["bench", "--workload-file", str(path), "--policy", "sync,runahead", "--concurrency", "2"]
+    assert main([*argv, "--steps", "3", "--quiet", "--out", str(tmp_path / "out")]) == 0
+    assert "chat workload: 2 requests from" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [row["policy"] for row in rows] == ["sync", "runahead"]
+    assert all(row["workload_file"] == str(path) and row["tokens_per_s"] > 0 for row in rows)

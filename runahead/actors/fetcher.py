@@ -27,6 +27,7 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health
 from runahead.jobs import ExpertKey
+from runahead.mailbox import serve
 from runahead.messages import Blocked, FetchDone, FetcherMessage, FetchFailed, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
 from runahead.scheduling import FetchOrder, FetchQueue, PrefetchQueue
@@ -73,13 +74,15 @@ class ExpertFetcher:
         async with asyncio.TaskGroup() as workers:
             for _ in range(self.queue_depth):
                 workers.create_task(self._link_worker())
-            while (message := await self.inbox.get()) is not None:
-                self.handle(message)
-                self._wake_one()
+            await serve(self.inbox, self._serve)
             self._closing = True
             for waiter in self._idle:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    def _serve(self, message: FetcherMessage) -> None:
+        self.handle(message)
+        self._wake_one()
 
     def handle(self, message: FetcherMessage) -> None:
         if isinstance(message, Blocked):

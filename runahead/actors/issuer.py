@@ -17,6 +17,7 @@ from typing import Any
 from runahead.backend import Backend
 from runahead.cache import EntryState, ExpertCache, admissible
 from runahead.jobs import ExpertKey, Job, RequestSpec
+from runahead.mailbox import serve
 from runahead.messages import (
     Blocked,
     Cancel,
@@ -74,8 +75,7 @@ class JobIssuer:
 
     async def run(self) -> None:
         """Handle messages until the inbox yields ``None``."""
-        while (message := await self.inbox.get()) is not None:
-            self.handle(message)
+        await serve(self.inbox, self.handle)
 
     def handle(self, message: IssuerMessage) -> None:
         if isinstance(message, NextJobs):

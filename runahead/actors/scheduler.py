@@ -2,7 +2,9 @@
 
 When a group's compute returns, its experts are unpinned and each request's next job (revealed by
 the gate) goes back to the JobIssuer; the scheduler waits for the issuer's answer before choosing
-again, so the choice always sees every job that is ready at that moment. A request that finished
+again, so the choice always sees every job that is ready at that moment. When the issuer is idle
+and nothing else is ready to run, the scheduler calls the issuer's handler itself
+(:class:`runahead.mailbox.Handoff`): the same order of events, without the round trip. A request that finished
 its token starts its next one at once, or at the step barrier when that is on.
 
 With ``bottleneck`` grouping the scheduler hands the pure rule (:meth:`ComputeQueue.plan`) what it
@@ -30,9 +32,13 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RuntimeBroken
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
+from runahead.mailbox import Handoff, Mailbox, Outbox
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
 from runahead.scheduling import ComputeQueue, StepBarrier
+
+_SELF_CONTAINED = (Ready, Started)
+"""Messages whose handling changes only the scheduler's own state (and sends nothing)."""
 
 
 class TokenSink(Protocol):
@@ -54,7 +60,7 @@ class ComputeScheduler:
         queue: ComputeQueue,
         barrier: StepBarrier,
         inbox: asyncio.Queue[SchedulerMessage],
-        issuer: asyncio.Queue[IssuerMessage],
+        issuer: Outbox[IssuerMessage],
         clock: Clock,
         recorder: Recorder,
         sink: TokenSink,
@@ -223,8 +229,27 @@ class ComputeScheduler:
             if self._bottleneck:
                 for job in next_jobs:
                     self.blocked[job.request] = job
-            self.issuer.put_nowait(NextJobs(tuple(next_jobs)))
             self._awaiting_reply = True
+            await self._send_next(NextJobs(tuple(next_jobs)))
+
+    async def _send_next(self, message: NextJobs) -> None:
+        """Send a group's next jobs to the issuer; its handler takes them at once if it may.
+
+        Before waiting for the reply the run loop would handle what is in the inbox; when that is
+        only ``Ready`` and ``Started`` (which start nothing elsewhere) it is handled first, and the
+        issuer may then answer at once (:meth:`Handoff.hand`): the order of events is the same.
+        """
+        issuer, inbox = self.issuer, self.inbox
+        if not isinstance(issuer, Handoff) or not isinstance(inbox, Mailbox):
+            issuer.put_nowait(message)
+            return
+        if not all(isinstance(queued, _SELF_CONTAINED) for queued in inbox):
+            issuer.put_nowait(message)
+            return
+        while not inbox.empty():
+            self.handle(inbox.get_nowait())
+        if issuer.hand(message):  # answered: go on behind what the issuer started, if anything
+            await self.clock.sleep(0)
 
     def _next_wave(self, job: Job) -> Job:
         return Job(

@@ -292,18 +292,19 @@ class MoEModel(ModelDescription):
         On CPU, for float32 rows and a layer whose ``gate``, ``up``, ``down`` share one such type, the
         products run on the stored bytes (:func:`runahead.models.qkernel.grouped_product`: gate and
         up as one ``[2I, H]`` product, as :meth:`run_expert` runs them), two calls for the whole group
-        and no float32 copy of the experts. An expert with more than ``qkernel.KERNEL_ROWS`` rows (a
-        prefill chunk's) is dequantized and multiplied by torch instead, which is faster there.
+        and no float32 copy of the experts. An expert with more than :func:`~runahead.models.qkernel.max_rows`
+        rows (a prefill chunk's) is dequantized and multiplied by torch instead, which is faster there.
         """
         kind = self._stored_kind(layer)
         if kind is None or rows.device.type != "cpu" or rows.dtype != torch.float32:
             return None
-        from runahead.models.qkernel import KERNEL_ROWS, grouped_product
+        from runahead.models.qkernel import grouped_product, max_rows
 
+        limit = max_rows()
         assert self.slot_formats is not None
         gate, _, down = self.slot_formats[layer].parts
         inter, width = self.config.intermediate_size, self.config.hidden_size
-        few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= KERNEL_ROWS]
+        few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= limit]
         if few:
             runs = [(start, stop) for _, start, stop in few]
             gate_up = grouped_product(rows, [slot + gate.start for slot, _, _ in few], runs, kind, 2 * inter)
@@ -312,7 +313,7 @@ class MoEModel(ModelDescription):
         else:
             out = torch.empty(rows.shape[0], width)
         for expert, start, stop in spans:
-            if stop - start > KERNEL_ROWS:
+            if stop - start > limit:
                 weights = self.expert_weights(layer, experts[expert], rows.dtype)
                 out[start:stop] = self.run_expert(weights, rows[start:stop])
         return out

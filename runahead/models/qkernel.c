@@ -10,15 +10,22 @@
  * address weights[s]. Work is split into (segment, 32 outputs) units taken from a shared counter by
  * `threads` threads (the caller's and threads - 1 started here).
  *
- * Built with -mavx2 -mfma -mf16c; the loader uses it only on a CPU with all three.
+ * Two bodies of `product`, one contract: with -mavx2 -mfma -mf16c (the loader passes them only on a CPU with
+ * all three) the AVX2 intrinsics below; otherwise portable C written so that the compiler vectorizes it for
+ * the target's baseline vector unit (NEON on arm64, SSE2 on x86-64): eight float lanes per output, summed
+ * in the same tree order as the AVX2 body.
  */
-#include <immintrin.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 #define ROWS 8   /* rows sharing one pass over a matrix row */
 #define CHUNK 32 /* outputs per unit of work */
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define RUNAHEAD_AVX2 1
+#endif
 
 typedef struct {
     int kind; /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks) */
@@ -29,6 +36,7 @@ typedef struct {
     int64_t next; /* the next unit to take (atomic) */
 } work_t;
 
+#ifdef RUNAHEAD_AVX2
 static inline float lane_sum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -78,6 +86,58 @@ static void product(int kind, const uint8_t *w, const float *x, float *y, int ro
         for (int r = 0; r < rows; r++) y[r * n + i] = lane_sum(acc[r]);
     }
 }
+#else
+static inline float half_to_float(uint16_t h) { /* IEEE binary16 -> binary32, exact */
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    uint32_t bits;
+    float f;
+    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact in float32 */
+        f = (float)mantissa * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (exponent == 31) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    }
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static void product(int kind, const uint8_t *w, const float *x, float *y, int rows, int64_t n, int64_t k,
+                    int64_t i0, int64_t i1) {
+    const int64_t blocks = k / 32, block_bytes = kind == 0 ? 18 : 34;
+    for (int64_t i = i0; i < i1; i++) {
+        float acc[ROWS][8];
+        memset(acc, 0, sizeof acc);
+        const uint8_t *block = w + i * blocks * block_bytes;
+        for (int64_t b = 0; b < blocks; b++, block += block_bytes) {
+            uint16_t half;
+            memcpy(&half, block, 2);
+            const float d = half_to_float(half);
+            float wb[32];
+            if (kind == 0) { /* weights 0-15: low nibbles, 16-31: high nibbles */
+                for (int j = 0; j < 16; j++) {
+                    wb[j] = d * (float)((int)(block[2 + j] & 0x0F) - 8);
+                    wb[j + 16] = d * (float)((int)(block[2 + j] >> 4) - 8);
+                }
+            } else {
+                for (int j = 0; j < 32; j++) wb[j] = d * (float)(int8_t)block[2 + j];
+            }
+            const float *xb = x + b * 32;
+            for (int r = 0; r < rows; r++) {
+                const float *xr = xb + r * k;
+                for (int c = 0; c < 4; c++)
+                    for (int l = 0; l < 8; l++) acc[r][l] += wb[c * 8 + l] * xr[c * 8 + l];
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const float *a = acc[r];
+            y[r * n + i] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        }
+    }
+}
+#endif
 
 static void *worker(void *arg) {
     work_t *job = (work_t *)arg;

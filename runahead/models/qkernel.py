@@ -7,11 +7,14 @@ each weight in registers exactly as ggml dequantizes it (``d * q``, exact in flo
 with dequantize-then-matmul to float32 rounding (it sums in another order) and never writes a
 full-width copy. One call runs a whole group's experts (``qkernel.c``), split over torch's thread count.
 
-The kernel is C with AVX2/FMA/F16C intrinsics, compiled with the system's C compiler (``cc``;
-``RUNAHEAD_CC`` to choose another) into ``$RUNAHEAD_CACHE/kernels`` (default ``~/.cache/runahead``)
-the first time a process needs it (well under a second) and loaded with :mod:`ctypes`. Where that is not
-possible (no compiler, another CPU, ``RUNAHEAD_QUANT_KERNEL=off``) :func:`available` is False and
-the model dequantizes as before; the reason is logged once.
+The kernel is C (``qkernel.c``) in two builds of one source: AVX2/FMA/F16C intrinsics on an x86-64
+CPU with all three, else portable C the compiler vectorizes for the CPU's baseline vector unit (NEON on
+arm64: Jetson, Graviton, Apple silicon under Linux; SSE2 on older x86-64). It is compiled with the
+system's C compiler (``cc``; ``RUNAHEAD_CC`` to choose another) into ``$RUNAHEAD_CACHE/kernels`` (default
+``~/.cache/runahead``) the first time a process needs it (well under a second) and loaded with
+:mod:`ctypes`. ``RUNAHEAD_QUANT_KERNEL``: ``on`` (default: the best build for this CPU), ``portable``
+(the portable build even where AVX2 runs), ``off``. Where no build is possible (no compiler, or
+``off``) :func:`available` is False and the model dequantizes as before; the reason is logged once.
 """
 
 from __future__ import annotations
@@ -35,14 +38,23 @@ log = logging.getLogger(__name__)
 KINDS = {"Q4_0": 0, "Q8_0": 1}
 """Stored types the kernel multiplies (its ``kind`` codes)."""
 
-KERNEL_ROWS = 32
-"""Most rows one expert runs through the kernel; more (a prefill chunk's) go through dequantize-then-
+KERNEL_ROWS = {"avx2": 32, "portable": 8}
+"""Most rows one expert runs through each build; more (a prefill chunk's) go through dequantize-then-
 matmul, whose blocked float32 product wins once the dequantization is shared by enough rows
-(``bench/quant_kernels.py --rows 16,32,64,128``: the kernel still won at 32 rows, not at 64 for Q8_0
-nor at 128 for either; ``docs/results-gguf.md``)."""
+(``bench/quant_kernels.py --rows 1,4,8,16,32``, one thread, ``docs/results-gguf.md``: the AVX2 build
+still won at 32 rows, not at 64 for Q8_0 nor at 128 for either; the portable build, measured as
+x86-64's SSE2 baseline build, won up to 8 rows and tied dequantization at 16 for Q4_0 and 8 for Q8_0)."""
+
+
+def max_rows() -> int:
+    """:data:`KERNEL_ROWS` of the build that runs here (0 where none does)."""
+    name = variant()
+    return 0 if name is None else KERNEL_ROWS[name]
+
 
 SOURCE = Path(__file__).with_name("qkernel.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-pthread")
+FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
+AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
 CPU_FLAGS = {"avx2", "fma", "f16c"}
 
 
@@ -51,16 +63,29 @@ def available() -> bool:
     return _library() is not None
 
 
+def variant() -> str | None:
+    """Which build runs here: ``"avx2"`` or ``"portable"``; None where there is no kernel (dequantize)."""
+    library = _library()
+    return None if library is None else library.variant
+
+
 def grouped_product(
-    x: Tensor, matrices: Sequence[int], spans: Sequence[tuple[int, int]], kind: str, n: int
+    x: Tensor,
+    matrices: Sequence[int],
+    spans: Sequence[tuple[int, int]],
+    kind: str,
+    n: int,
+    *,
+    build: str | None = None,
 ) -> Tensor:
     """``y [P, n]``: rows ``start:stop`` of ``x [P, K]`` (float32, CPU) times matrix ``[n, K]`` stored as
     ``kind`` at address ``matrices[s]`` (a slot's ``data_ptr()`` plus the part's byte offset), for
     each ``(start, stop)`` of ``spans``; rows in no span are zero.
 
     The matrices must stay alive (their slots pinned) for the call; ``K`` must be whole 32-weight blocks.
+    ``build`` names a build to use instead of the one chosen for this CPU (:func:`load`; benchmarks).
     """
-    library = _library()
+    library = _library() if build is None else load(build)
     if library is None:
         raise RuntimeError("the quantized product kernel is not available on this machine")
     if kind not in KINDS:
@@ -91,18 +116,37 @@ def _leaves_gaps(spans: Sequence[tuple[int, int]], rows: int) -> bool:
     return at != rows
 
 
+class _Library(ctypes.CDLL):
+    variant: str
+
+
 @functools.cache
-def _library() -> ctypes.CDLL | None:
-    """The built kernel, or None (and why, logged once) where it cannot be used."""
-    reason = _unusable()
-    if reason:
-        log.info("quantized product kernel off: %s; stored experts are dequantized instead", reason)
+def _library() -> _Library | None:
+    """The kernel build for this CPU and ``RUNAHEAD_QUANT_KERNEL``, or None (and why, logged once)."""
+    mode = os.environ.get("RUNAHEAD_QUANT_KERNEL", "on").lower()
+    if mode in ("off", "0", "false", "no"):
+        log.info("quantized product kernel off: RUNAHEAD_QUANT_KERNEL is off; stored experts are dequantized")
         return None
+    why = "RUNAHEAD_QUANT_KERNEL is portable" if mode == "portable" else _lacks_avx2()
+    if why:
+        log.info("quantized product kernel: the portable build (%s)", why)
+    return load("portable" if why else "avx2")
+
+
+@functools.cache
+def load(name: str) -> _Library | None:
+    """The ``name`` build (``"avx2"`` or ``"portable"``), compiled on first use; None if it cannot be built.
+
+    For benchmarks that compare the builds; the runtime uses the one chosen for the CPU.
+    """
+    if name not in ("avx2", "portable"):
+        raise ValueError(f"kernel builds are avx2 and portable, not {name!r}")
     try:
-        library = ctypes.CDLL(str(_build()))
+        library = _Library(str(_build(FLAGS if name == "portable" else (*FLAGS, *AVX2_FLAGS))))
     except (OSError, subprocess.SubprocessError) as error:
         log.info("quantized product kernel off: build failed (%s); stored experts are dequantized", error)
         return None
+    library.variant = name
     function = library.runahead_grouped_product
     function.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 2, *[ctypes.c_int64] * 3]
     function.argtypes += [*[ctypes.c_void_p] * 3, ctypes.c_int]
@@ -110,10 +154,8 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
-def _unusable() -> str | None:
-    """Why the kernel cannot run here, or None."""
-    if os.environ.get("RUNAHEAD_QUANT_KERNEL", "on").lower() in ("off", "0", "false", "no"):
-        return "RUNAHEAD_QUANT_KERNEL is off"
+def _lacks_avx2() -> str | None:
+    """Why the AVX2 build cannot run here, or None."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"CPU {platform.machine()} is not x86-64"
     try:
@@ -126,11 +168,11 @@ def _unusable() -> str | None:
     return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
 
 
-def _build() -> Path:
-    """The shared library for the current source and flags, compiled once per cache directory."""
+def _build(flags: Sequence[str]) -> Path:
+    """The shared library for the current source and ``flags``, compiled once per cache directory."""
     compiler = os.environ.get("RUNAHEAD_CC", "cc")
     source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source + " ".join((compiler, *flags)).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("RUNAHEAD_CACHE", Path.home() / ".cache" / "runahead")) / "kernels"
     target = cache / f"qkernel-{digest}.so"
     if target.exists():
@@ -138,7 +180,7 @@ def _build() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         built = Path(scratch) / target.name
-        command = [compiler, *FLAGS, str(SOURCE), "-o", str(built)]
+        command = [compiler, *flags, str(SOURCE), "-o", str(built)]
         subprocess.run(command, check=True, capture_output=True, timeout=120)
         os.replace(built, target)  # atomic: a concurrent build of the same source writes the same file
     return target

@@ -37,6 +37,8 @@ def point_key(point: Point) -> str:
     fields = asdict(point)
     if fields.get("charge_overhead") is False:
         del fields["charge_overhead"]  # added later: keys of rows stored before it stay valid
+    if "workload_file" in fields and fields["workload_file"] is None:
+        del fields["workload_file"]  # likewise
     return json.dumps({"kind": type(point).__name__, **fields}, sort_keys=True)
 
 
