@@ -4,9 +4,10 @@
 # 2-16 requests, step barrier on; 30% cache over 256 steps, 10% and 70% over 128 steps.
 # Writes bench/results/grouping-sim-<profile>-<model>-<cache>/results.jsonl; then
 #   python bench/grouping_summary.py bench/results/grouping-sim-*/results.jsonl
+# PROFILES="thor" (or "mac-mini") runs one profile, e.g. the two in parallel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for profile in thor mac-mini; do
+for profile in ${PROFILES:-thor mac-mini}; do
   for model in qwen3.6-35b-a3b gemma4-26b-a4b; do
     out="bench/results/grouping-sim-$profile-$model"
     runahead bench --backend sim --model "$model" --profile "$profile" \

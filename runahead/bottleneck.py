@@ -5,12 +5,12 @@ blocked jobs, the cache's state of their experts, the link's and the compute uni
 :meth:`runahead.scheduling.ComputeQueue.plan` asks :func:`hold_until` whether to compute the
 paper's opportunistic group now or :class:`Hold` it for jobs of the same layer whose reads are
 landing (:func:`landing_times`). :class:`ComputeFit` estimates a group's compute time for backends
-without a cost model. Beyond the paper; ``runahead/grouping=bottleneck`` selects it.
+without a cost model. Beyond the paper; plain ``runahead`` (or ``runahead/grouping=bottleneck``)
+uses it, ``runahead/grouping=opportunistic`` is the paper's rule.
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,19 +24,21 @@ class Outlook:
     """What the runtime knows when the compute unit frees up (``bottleneck`` grouping's inputs).
 
     ``blocked``: every job the JobIssuer holds for missing experts; ``state``: the expert cache's
-    state of a key; ``fetch_s``: link seconds one expert's read holds the link; ``reveal_s``: link
-    seconds of misses one computed job reveals on average; ``group_s``: compute seconds of one group
-    of the given jobs (one backend call). Times come from the caller's clock; nothing here reads one.
+    state of a key; ``fetch_s``: link seconds one expert's read holds the link; ``group_s``: compute
+    seconds of one group of the given jobs (one backend call). Times come from the caller's clock;
+    nothing here reads one.
     """
 
     now: float
     blocked: Sequence[Job]
     state: Callable[[ExpertKey], EntryState | None]
     fetch_s: float
-    reveal_s: float
     group_s: Callable[[Sequence[Job]], float]
     compute_share: float = 1.0
     """Compute busy time over link busy time so far: above 1 the compute unit is the bottleneck."""
+    tail_layer: int | None = None
+    """The layer whose computed jobs reveal no read the link could start before the step barrier
+    releases the next token (the last layer, with the barrier on); None without a barrier."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,17 +48,14 @@ class Hold:
     deadline: float
 
 
-HOLD_COMPUTE_WEIGHT = 0.25
-"""What a second of compute saved is worth against a second of the window's makespan (hold_until)."""
+HOLD_MIN_COMPUTE_SHARE = 1.1
+"""Groups below the tail layer are held only while compute busy time is at least this share of link
+busy time so far: short of that, the compute saved buys nothing (the link is the bottleneck, and its
+own idle time at each step's start and end outweighs it), and the paper's rule keeps the link fed."""
 
-HOLD_STARVE_ALLOWANCE = 0.5
-"""A hold may starve the link longer than computing now would by at most this share of its group's
-compute (hold_until)."""
-
-HOLD_MIN_COMPUTE_SHARE = 0.9
-"""Groups are held only while compute busy time is at least this share of link busy time so far:
-with the compute unit far from the bottleneck, reading shared weights again costs nothing that
-matters, and the paper's rule keeps the link fed best."""
+HOLD_MIN_TAIL_SHARE = 0.8
+"""Tail groups are held only while compute busy time is at least this share of link busy time: far
+from the compute bottleneck a held group's pins only crowd a small cache (more reads)."""
 
 
 def landing_times(
@@ -96,42 +95,62 @@ def hold_until(
     waiting: Sequence[tuple[float, Job]],
     link_free_at: float,
     group_s: Callable[[Sequence[Job]], float],
-    reveal_s: float,
+    *,
+    tail: bool = False,
 ) -> float | None:
     """Whether to hold the ready group back: None (compute it now) or the time to wait until.
 
     NOTE (bottleneck-aware grouping, beyond the paper's opportunistic rule). ``ready`` are the
     ready jobs of the lowest ready layer; ``waiting`` the blocked jobs of that layer with the time
     each should become ready, soonest first. Option ``k`` waits for the first ``k`` of them and
-    computes one group; the others follow as one group once the last is ready (``k = 0`` is the
-    paper's rule). Each option is scored over that window: when the compute unit is done, and when
-    the link is: it runs out of revealed reads at ``link_free_at`` and gets ``reveal_s`` of new
-    reads per job once that job's gate has run, so a link starved by a held group shows in the
-    score. Score = ``max(compute done, link done) + HOLD_COMPUTE_WEIGHT * compute busy``; an option
-    that starves the link longer than computing now would, by more than
-    ``HOLD_STARVE_ALLOWANCE`` of its group's compute, is not taken (run ahead only as far as it
-    keeps the link busy; otherwise batch). Ties keep the shorter wait. Pure and deterministic.
+    computes one group at ``t_k`` (the later of now and the k-th ready time). It is a candidate only
+    if it pays for itself on both units:
+
+    * compute: the shared work it saves, ``g(ready) + g(k jobs) - g(ready + k jobs)``, exceeds the
+      time the compute unit idles waiting, ``t_k - now``;
+    * link (below the tail): the held group ends, revealing its reads, no later than the link runs
+      out of revealed reads (``link_free_at``) or than the ready group computed now would end:
+      ``t_k + g(ready + k jobs) <= max(link_free_at, now + g(ready))``. Reveals are paced to the
+      link: hold while the queue of revealed reads covers the wait and the bigger group; when it
+      would drain, compute now;
+    * at the tail (``tail``: the last layer under the step barrier, whose reveals give the link
+      nothing before the barrier releases), instead: the layer ends no later than computing now
+      and the rest as one group once the last is ready would.
+
+    Of the candidates, the one saving the most compute net of the wait; none: None (the paper's
+    rule). Pure and deterministic.
     """
-    best_k, best = 0, math.inf
-    starved_now = max(0.0, now + group_s(ready) - link_free_at)
-    for k in range(len(waiting) + 1):
-        start = now if k == 0 else max(now, waiting[k - 1][0])
-        first = [*ready, *(job for _, job in waiting[:k])]
-        busy = group_s(first)
-        done = start + busy
-        if k and done - link_free_at > starved_now + HOLD_STARVE_ALLOWANCE * busy:
+    g_ready = group_s(ready)
+    limit = _layer_done(now, ready, waiting, 0, group_s) if tail else max(link_free_at, now + g_ready)
+    best, best_gain = None, 0.0
+    held: list[Job] = []
+    for k, (at, job) in enumerate(waiting, 1):
+        held.append(job)
+        start = max(now, at)
+        together = group_s([*ready, *held])
+        gain = g_ready + group_s(held) - together - (start - now)
+        if gain <= best_gain + 1e-12:
             continue
-        link = max(link_free_at, done) + len(first) * reveal_s
-        if k < len(waiting):
-            rest = [job for _, job in waiting[k:]]
-            rest_busy = group_s(rest)
-            done = max(done, waiting[-1][0]) + rest_busy
-            link = max(link, done) + len(rest) * reveal_s
-            busy += rest_busy
-        score = max(done, link) + HOLD_COMPUTE_WEIGHT * busy
-        if score < best - 1e-12:
-            best_k, best = k, score
-    return None if best_k == 0 else max(now, waiting[best_k - 1][0])
+        end = _layer_done(now, ready, waiting, k, group_s) if tail else start + together
+        if end <= limit + 1e-12:
+            best, best_gain = start, gain
+    return best
+
+
+def _layer_done(
+    now: float,
+    ready: Sequence[Job],
+    waiting: Sequence[tuple[float, Job]],
+    k: int,
+    group_s: Callable[[Sequence[Job]], float],
+) -> float:
+    """When the layer's last group ends: ``ready`` with the first ``k`` waiting jobs as one group once
+    the k-th is ready, then the others as one group once the last is ready."""
+    start = max(now, waiting[k - 1][0]) if k else now
+    done = start + group_s([*ready, *(job for _, job in waiting[:k])])
+    if k < len(waiting):
+        done = max(done, waiting[-1][0]) + group_s([job for _, job in waiting[k:]])
+    return done
 
 
 def landing_order(entry: tuple[float, Job]) -> tuple[float, int]:

@@ -390,10 +390,11 @@ def run_policy(case: SmallCase, grouping: Grouping) -> Schedule:
         blocked = model.blocked(state)
         outlook = None
         if blocked:
-            reveal = case.fetch_s * state.reads / state.computed if state.computed else 0.0
             share = state.compute_busy / state.link_busy if state.link_busy else 1.0
             key_state = partial(model.key_state, state)
-            outlook = Outlook(state.now, blocked, key_state, case.fetch_s, reveal, case.group_s, share)
+            outlook = Outlook(
+                state.now, blocked, key_state, case.fetch_s, case.group_s, share, case.layers - 1
+            )
         choice = queue.plan(positions, lanes, outlook)
         if isinstance(choice, Group):
             model.compute(state, choice.layer)

@@ -2,12 +2,12 @@
 
 A policy spec is a name with optional knobs: ``NAME[/knob=value...]``, for example
 ``runahead/compute=fifo/fetch=global-srtf``, ``runahead/grouping=static:2:2:2`` or
-``runahead/grouping=bottleneck`` (bottleneck-aware grouping, beyond the paper; ``runahead`` alone
-keeps the paper's opportunistic grouping, because the new one is not faster at every sim point).
+``runahead/grouping=opportunistic`` (the paper's grouping, by name).
 
 | name | grouping | prefetch | stands for |
 | --- | --- | --- | --- |
-| ``runahead`` | opportunistic | none | the paper's system (Bevy) |
+| ``runahead`` | bottleneck-aware | none | Bevy with grouping beyond the paper (docs/results-core.md) |
+| ``runahead/grouping=opportunistic`` | opportunistic | none | the paper's system as published |
 | ``runahead+prefetch`` | opportunistic | speculative gate | the paper's combination study |
 | ``sync`` | one static group of all requests | none | llama.cpp with an expert cache |
 | ``prefetch-gate`` | as sync | speculative gate | SpecMD / Mixtral-offloading |
@@ -49,8 +49,8 @@ class PolicyConfig:
         return "/".join([self.name, *knobs])
 
 
-def _runahead(name: str, prefetch: str | None = None) -> PolicyConfig:
-    return PolicyConfig(name, Grouping(), ComputeOrder.LOWEST_LAYER, FetchOrder.LOWEST_LAYER_SRTF, prefetch)
+def _runahead(name: str, grouping: Grouping, prefetch: str | None = None) -> PolicyConfig:
+    return PolicyConfig(name, grouping, ComputeOrder.LOWEST_LAYER, FetchOrder.LOWEST_LAYER_SRTF, prefetch)
 
 
 def _sync(name: str, prefetch: str | None = None) -> PolicyConfig:
@@ -58,8 +58,8 @@ def _sync(name: str, prefetch: str | None = None) -> PolicyConfig:
 
 
 BASE_POLICIES: dict[str, PolicyConfig] = {
-    "runahead": _runahead("runahead"),
-    "runahead+prefetch": _runahead("runahead+prefetch", prefetch="gate"),
+    "runahead": _runahead("runahead", Grouping(bottleneck=True)),
+    "runahead+prefetch": _runahead("runahead+prefetch", Grouping(), prefetch="gate"),
     "sync": _sync("sync"),
     "prefetch-gate": _sync("prefetch-gate", prefetch="gate"),
     "prefetch-history": _sync("prefetch-history", prefetch="history"),

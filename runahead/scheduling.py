@@ -12,8 +12,8 @@ always compute together, the baseline of the paper's C1; ``sync`` is one static 
 
 Beyond the paper, ``bottleneck`` grouping (:meth:`ComputeQueue.plan`; the rule itself is
 :func:`runahead.bottleneck.hold_until`) may hold the opportunistic group back until jobs of the same
-layer whose fetches are landing join it, when the link has enough revealed work to stay busy
-meanwhile.
+layer whose fetches are landing join it, when that saves more compute than the wait idles and the
+link has enough revealed work to stay busy meanwhile (plain ``runahead`` uses it).
 
 No ``await``, no I/O, no clock: the actors wrap these classes, and the tests drive them directly.
 """
@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 from runahead.bottleneck import (
     HOLD_MIN_COMPUTE_SHARE,
+    HOLD_MIN_TAIL_SHARE,
     Hold,
     Outlook,
     hold_until,
@@ -158,28 +159,25 @@ class ComputeQueue:
 
         Without ``bottleneck`` grouping, or without an ``outlook``, this is :meth:`select_group`.
         With it, the opportunistic group may be held back for blocked jobs of its layer, as
-        :func:`hold_until` decides, but only while the compute unit is near the bottleneck
-        (``compute_share >= HOLD_MIN_COMPUTE_SHARE``); a group returned is the opportunistic one.
+        :func:`hold_until` decides, while the compute unit is near enough to the bottleneck:
+        ``compute_share >= HOLD_MIN_COMPUTE_SHARE``, or ``HOLD_MIN_TAIL_SHARE`` at the tail layer
+        (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). A group
+        returned is the opportunistic one.
         """
         ready = self._ready
-        if (
-            ready
-            and outlook is not None
-            and self.grouping.bottleneck
-            and outlook.blocked
-            and outlook.compute_share >= HOLD_MIN_COMPUTE_SHARE
-        ):
+        if ready and outlook is not None and self.grouping.bottleneck and outlook.blocked:
             layer = min(ready.values(), key=_rank_of)[2].layer
+            members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
+            # a prefill wave before the last reveals its next wave's experts: not a tail group
+            tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
+            gate = HOLD_MIN_TAIL_SHARE if tail else HOLD_MIN_COMPUTE_SHARE
             same = [job for job in outlook.blocked if job.layer == layer]
-            if same:
+            if same and outlook.compute_share >= gate:
                 landing, link_free_at = landing_times(
                     outlook.now, outlook.blocked, outlook.state, outlook.fetch_s
                 )
                 waiting = sorted(((landing[job.request], job) for job in same), key=landing_order)
-                members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
-                deadline = hold_until(
-                    outlook.now, members, waiting, link_free_at, outlook.group_s, outlook.reveal_s
-                )
+                deadline = hold_until(outlook.now, members, waiting, link_free_at, outlook.group_s, tail=tail)
                 if deadline is not None:
                     return Hold(deadline)
         return self.select_group(positions, lanes)

@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runahead.backends.sim import FixedCosts, sim_token
-from runahead.bottleneck import HOLD_MIN_COMPUTE_SHARE, ComputeFit, Hold, Outlook, hold_until, landing_times
+from runahead.bottleneck import (
+    HOLD_MIN_COMPUTE_SHARE,
+    HOLD_MIN_TAIL_SHARE,
+    ComputeFit,
+    Hold,
+    Outlook,
+    hold_until,
+    landing_times,
+)
 from runahead.cache import EntryState
 from runahead.jobs import ExpertKey, Group, Job, RequestSpec
 from runahead.policy import parse_policy
@@ -51,6 +59,9 @@ def test_bottleneck_grouping_parses_and_prints_its_name() -> None:
     assert parse_policy(policy.spec) == policy
     paper = parse_policy("runahead/grouping=opportunistic")
     assert not paper.grouping.bottleneck and parse_policy(paper.spec) == paper
+    # plain runahead is the bottleneck-aware grouping; the paper's keeps its name as a knob
+    assert parse_policy("runahead") == policy and policy.spec == "runahead"
+    assert paper.spec == "runahead/grouping=opportunistic"
 
 
 def test_an_unknown_grouping_names_the_choices() -> None:
@@ -62,30 +73,31 @@ def test_an_unknown_grouping_names_the_choices() -> None:
 
 
 def test_it_waits_when_the_link_stays_busy_and_the_wait_is_short() -> None:
-    # a group costs 1.0 shared + 0.1 per job; the link has 5 s of revealed reads queued
+    # a group costs 1.0 shared + 0.1 per job; the link has 5 s of revealed reads queued. Waiting
+    # 0.2 s saves 1.0 s of shared work, and the held group ends at 1.4, long before the link drains
     ready, late = [job(0, 3)], job(1, 3)
-    deadline = hold_until(0.0, ready, [(0.2, late)], 5.0, shared_plus_per_job(1.0, 0.1), 0.3)
-    assert deadline == 0.2
+    assert hold_until(0.0, ready, [(0.2, late)], 5.0, shared_plus_per_job(1.0, 0.1)) == 0.2
 
 
 def test_it_runs_ahead_when_holding_would_starve_the_link() -> None:
-    # nothing queued on the link: computing now reveals the next reads 1.1 s from now, while
-    # holding for a job 2 s away would leave the link idle for 3 s
+    # nothing queued on the link: computing now reveals the next reads at 1.1, holding for a job
+    # 0.5 s away at 1.7 (the wait is cheaper than the compute saved, but the link would idle longer)
     ready, late = [job(0, 3)], job(1, 3)
-    assert hold_until(0.0, ready, [(2.0, late)], 0.0, shared_plus_per_job(1.0, 0.1), 0.3) is None
+    assert hold_until(0.0, ready, [(0.5, late)], 0.0, shared_plus_per_job(1.0, 0.1)) is None
 
 
-def test_it_waits_briefly_with_an_idle_link_when_the_shared_read_saved_is_worth_more() -> None:
-    # the link has nothing queued either way; the other job is ready in 0.05 s and one group
-    # instead of two saves a 1 s shared read: the compute unit is the bottleneck, so wait
-    ready, soon = [job(0, 3)], job(1, 3)
-    assert hold_until(0.0, ready, [(0.05, soon)], 0.0, shared_plus_per_job(1.0, 0.1), 0.0) == 0.05
+def test_it_computes_now_when_the_wait_costs_more_than_the_compute_saved() -> None:
+    # the link stays busy either way, but 2 s of idle compute buys 1 s of shared work
+    ready, late = [job(0, 3)], job(1, 3)
+    assert hold_until(0.0, ready, [(2.0, late)], 5.0, shared_plus_per_job(1.0, 0.1)) is None
 
 
-def test_it_may_wait_for_some_jobs_and_leave_the_late_ones() -> None:
+def test_it_waits_for_the_soonest_job_that_saves_a_group_and_leaves_the_late_ones() -> None:
+    # waiting for the first saves 1.0 s for 0.1 s of idle (net 0.9); for the first two also 1.0 s
+    # (the two would have been one group) for 0.2 s (net 0.8); for the third, 30 s: no
     ready = [job(0, 3)]
     waiting = [(0.1, job(1, 3)), (0.2, job(2, 3)), (30.0, job(3, 3))]
-    assert hold_until(0.0, ready, waiting, 5.0, shared_plus_per_job(1.0, 0.1), 0.0) == 0.2
+    assert hold_until(0.0, ready, waiting, 5.0, shared_plus_per_job(1.0, 0.1)) == 0.1
 
 
 def test_landing_times_follow_the_fetch_order_after_the_reads_in_flight() -> None:
@@ -107,8 +119,43 @@ def test_an_expert_two_jobs_need_is_read_once() -> None:
     assert ready_at == {0: 1.0, 1: 1.0} and link_free_at == 1.0
 
 
-def outlook(blocked: list[Job], state, share: float = 1.0, now: float = 0.0) -> Outlook:  # type: ignore[no-untyped-def]
-    return Outlook(now, blocked, state, 0.1, 0.0, shared_plus_per_job(1.0, 0.1), share)
+def test_a_tail_group_waits_even_when_the_link_would_idle() -> None:
+    # the link has nothing queued; a group costs 1.0 + 0.1 per job and the other job lands at 0.8.
+    # Below the tail, holding reveals the next reads at 2.0 instead of 1.1: compute now.
+    ready, late = [job(0, 3)], job(1, 3)
+    group_s = shared_plus_per_job(1.0, 0.1)
+    assert hold_until(0.0, ready, [(0.8, late)], 0.0, group_s) is None
+    # At the tail layer the reveals give the link nothing: now, then the other alone, ends the
+    # layer at 2.2; one group at 0.8 ends it at 2.0, and 0.8 s of idle buys 1.0 s of shared work.
+    assert hold_until(0.0, ready, [(0.8, late)], 0.0, group_s, tail=True) == 0.8
+
+
+def test_a_tail_group_computes_now_when_its_ready_part_overlaps_the_late_read() -> None:
+    # 1.0 shared + 0.5 per job; three jobs ready, one landing at 9.5. Now (ends 2.5), then the late
+    # one alone ends the layer at 11.0; one group at 9.5 would end it at 12.5, after 9.5 s of idle
+    # compute for 1.0 s of shared work saved.
+    ready, late = [job(0, 3), job(1, 3), job(2, 3)], job(3, 3)
+    assert hold_until(0.0, ready, [(9.5, late)], 0.0, shared_plus_per_job(1.0, 0.5), tail=True) is None
+
+
+def test_a_tail_hold_must_not_end_the_layer_later_with_the_rest_counted() -> None:
+    # 1.0 shared + 0.1 per job. Job A lands at 0.5, job B at 3.0. Now: ready (ends 1.1), then A and B
+    # together once B lands: ends 4.2. Holding for A: the group ends 1.7, B alone ends 4.1 - sooner,
+    # and 0.5 s idle buys 1.0 s: hold. Holding for both: one group at 3.0 ends 4.3 (later) after 3.0 s
+    # of idle for the same 1.0 s: not that.
+    ready, a, b = [job(0, 3)], job(1, 3), job(2, 3)
+    waiting = [(0.5, a), (3.0, b)]
+    assert hold_until(0.0, ready, waiting, 0.0, shared_plus_per_job(1.0, 0.1), tail=True) == 0.5
+
+
+def outlook(  # type: ignore[no-untyped-def]
+    blocked: list[Job],
+    state,
+    share: float = HOLD_MIN_COMPUTE_SHARE,
+    now: float = 0.0,
+    tail: int | None = None,
+) -> Outlook:
+    return Outlook(now, blocked, state, 0.1, shared_plus_per_job(1.0, 0.1), share, tail)
 
 
 def test_plan_holds_for_a_same_layer_job_whose_read_is_landing() -> None:
@@ -130,6 +177,34 @@ def test_plan_groups_as_the_paper_when_compute_is_far_from_the_bottleneck() -> N
     assert isinstance(choice, Group) and [j.request for j in choice.jobs] == [0]
 
 
+def test_plan_holds_tail_groups_nearer_the_link_bound_than_others() -> None:
+    # the link idle but for one read landing at 0.1. Compute share between the two gates: below the
+    # tail the paper's group goes now, at the tail layer (the last, under the step barrier) it waits
+    view = states(pending={ExpertKey(3, 4)})
+    share = (HOLD_MIN_TAIL_SHARE + HOLD_MIN_COMPUTE_SHARE) / 2
+    for tail, expected in ((None, Group), (3, Hold)):
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+        queue.add(job(0, 3))
+        choice = queue.plan({}, {}, outlook([job(1, 3, (4,))], view, share=share, tail=tail))
+        assert isinstance(choice, expected)
+    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.1)
+    # far from the compute bottleneck even a tail group goes now
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+    queue.add(job(0, 3))
+    view_far = outlook([job(1, 3, (4,))], view, share=HOLD_MIN_TAIL_SHARE / 2, tail=3)
+    assert isinstance(queue.plan({}, {}, view_far), Group)
+
+
+def test_a_prefill_wave_at_the_tail_layer_is_no_tail_group() -> None:
+    # a wave before the last reveals its next wave's experts: the gate below the tail applies
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+    queue.add(Job(0, 0, 3, (1,), lane=0, remaining=(2,)))
+    view = states(pending={ExpertKey(3, 4)})
+    share = (HOLD_MIN_TAIL_SHARE + HOLD_MIN_COMPUTE_SHARE) / 2
+    choice = queue.plan({}, {}, outlook([job(1, 3, (4,))], view, share=share, tail=3))
+    assert isinstance(choice, Group)
+
+
 def test_plan_is_select_group_for_the_papers_grouping_and_without_an_outlook() -> None:
     for grouping, view in (
         (Grouping(), outlook([job(1, 3, (4,))], states())),
@@ -146,11 +221,12 @@ def test_plan_is_select_group_for_the_papers_grouping_and_without_an_outlook() -
 @given(
     st.lists(st.integers(0, 4), min_size=1, max_size=5),  # ready jobs' layers
     st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.booleans()), max_size=6),
-    st.floats(0.0, 5.0),
     st.floats(0.01, 2.0),
+    st.sampled_from([0.5, HOLD_MIN_TAIL_SHARE, HOLD_MIN_COMPUTE_SHARE, 2.0]),
+    st.one_of(st.none(), st.integers(0, 4)),
 )
 def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[no-untyped-def]
-    ready_layers, blocked_spec, reveal, fetch_s
+    ready_layers, blocked_spec, fetch_s, share, tail
 ) -> None:
     """No deadlock: a hold names a finite deadline no earlier than now, and a blocked job of the
     held layer exists (its landing sends the scheduler a message); the ready jobs stay queued."""
@@ -168,9 +244,9 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
         blocked,
         states(pending=pending, wanted=wanted),
         fetch_s,
-        reveal,
         shared_plus_per_job(1.0, 0.2),
-        1.0,
+        share,
+        tail,
     )
     before = len(queue)
     choice = queue.plan({}, {}, view)

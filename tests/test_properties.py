@@ -67,7 +67,7 @@ scenario = st.fixed_dictionaries(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenario, st.sampled_from([*POLICIES, "runahead/grouping=bottleneck"]))
+@given(scenario, st.sampled_from([*POLICIES, "runahead/grouping=opportunistic"]))
 def test_every_policy_completes_exactly(case: dict, policy: str) -> None:  # type: ignore[type-arg]
     top_k = min(case["top_k"], case["experts"])
     trace = random_trace(

@@ -131,16 +131,15 @@ class ComputeScheduler:
             fetch_s = recorder.read_seconds / recorder.reads
         else:
             return None  # nothing measured yet: group as the paper does
-        reveal_s = fetch_s * recorder.reads / recorder.jobs if recorder.jobs else 0.0
         link_s = fetch_s * recorder.reads
         return Outlook(
             self.clock.now(),
             list(self.blocked.values()),
             self.cache.state,
             fetch_s,
-            reveal_s,
             self._group_s,
             recorder.compute_seconds / link_s if link_s else 1.0,
+            self.last_layer if self.barrier.enabled else None,
         )
 
     def _group_s(self, jobs: Sequence[Job]) -> float:

@@ -9,14 +9,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from runahead.paper.settings import BOTTLENECK, PAPER
+
 Row = dict[str, Any]
 
 POLICY_STYLE = {
     "sync": ("llama.cpp + LFU (sync)", "#7f7f7f", "s"),
     "prefetch-gate": ("SpecMD-like (prefetch-gate)", "#1f77b4", "^"),
     "prefetch-history": ("FineMoE-like (prefetch-history)", "#2ca02c", "v"),
-    "runahead": ("Bevy (runahead)", "#d62728", "o"),
-    "runahead/grouping=bottleneck": ("runahead, bottleneck-aware grouping", "#ff7f0e", "*"),
+    PAPER: ("Bevy (runahead, the paper's grouping)", "#d62728", "o"),
+    BOTTLENECK: ("runahead, bottleneck-aware grouping", "#ff7f0e", "*"),
     "runahead+prefetch": ("runahead+prefetch", "#9467bd", "D"),
 }
 BREAKDOWN = (
@@ -208,7 +210,7 @@ def fig6_ordering(rows: Sequence[Row], path: Path) -> None:
         width = 0.8 / len(concurrencies)
         for k, concurrency in enumerate(concurrencies):
             by = {r["policy"]: r for r in subset if r["concurrency"] == concurrency}
-            base = by["runahead"]["step_time_s"]
+            base = by[PAPER]["step_time_s"]
             xs = [v + k * width for v in range(len(variants))]
             heights = [by[v]["step_time_s"] / base for v in variants]
             bars = ax.bar(xs, heights, width, label=f"{concurrency} requests")
@@ -221,7 +223,8 @@ def fig6_ordering(rows: Sequence[Row], path: Path) -> None:
                     fontsize=6,
                 )
         ax.set_xticks([v + width * (len(concurrencies) - 1) / 2 for v in range(len(variants))])
-        ax.set_xticklabels([v.replace("runahead/", "").replace("/", "\n") or v for v in variants], fontsize=7)
+        labels = [v.removeprefix(PAPER).strip("/").replace("/", "\n") or "runahead" for v in variants]
+        ax.set_xticklabels(labels, fontsize=7)
         ax.set_ylim(0.9, max(1.2, ax.get_ylim()[1]))
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_title("/".join(combo), fontsize=8)
@@ -237,7 +240,7 @@ def fig7_runahead_prefetch(rows: Sequence[Row], path: Path) -> None:
     combos = sorted({(r["profile"], r["model"], r["workload"]) for r in rows})
     for combo in combos:
         subset = [r for r in rows if (r["profile"], r["model"], r["workload"]) == combo]
-        base = {r["concurrency"]: r for r in subset if r["policy"] == "runahead"}
+        base = {r["concurrency"]: r for r in subset if r["policy"] == PAPER}
         both = sorted((r["concurrency"], r) for r in subset if r["policy"] == "runahead+prefetch")
         label = "/".join(combo)
         ratio.plot(

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runahead.paper.figures import single_job_fraction
-from runahead.paper.settings import BOTTLENECK
+from runahead.paper.settings import BOTTLENECK, PAPER
 
 Row = dict[str, Any]
 PREFETCHERS = ("prefetch-gate", "prefetch-history")
@@ -29,9 +29,9 @@ def speedups(rows: Sequence[Row]) -> list[dict[str, Any]]:
     out = []
     for key, group in _by(rows, "profile", "model", "workload", "concurrency", "cache_fraction").items():
         by = {r["policy"]: r for r in group}
-        if not {"sync", "runahead", *PREFETCHERS} <= set(by):
+        if not {"sync", PAPER, *PREFETCHERS} <= set(by):
             continue
-        sync, runahead = by["sync"], by["runahead"]
+        sync, runahead = by["sync"], by[PAPER]
         best = max(by[p]["tokens_per_s"] for p in PREFETCHERS)
         limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
         out.append(
@@ -98,8 +98,8 @@ def headline(figures: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
     for _, group in _by(figures["fig5_grouping"], "profile", "model", "workload", "cache_fraction").items():
         times: dict[str, float] = {r["policy"]: r["step_time_s"] for r in group}
         static = [v for k, v in times.items() if "grouping=static" in k]
-        if "runahead" in times and static:
-            gaps.append((min(static) - times["runahead"]) * 1e3)
+        if PAPER in times and static:
+            gaps.append((min(static) - times[PAPER]) * 1e3)
     result["fig5_grouping"] = {
         "best_static_minus_runahead_ms": _span(gaps),
         "runahead_best_everywhere": all(g >= 0 for g in gaps),
@@ -107,12 +107,12 @@ def headline(figures: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
     ordering = {}
     for key, group in _by(figures["fig6_ordering"], "profile", "model", "workload", "concurrency").items():
         by = {r["policy"]: r for r in group}
-        base = by["runahead"]["step_time_s"]
+        base = by[PAPER]["step_time_s"]
         ordering["/".join(map(str, key))] = {
             policy: {
                 "step_time_vs_runahead": round(r["step_time_s"] / base - 1, 4),
                 "single_job_groups": round(single_job_fraction(r), 3),
-                "compute_vs_runahead": round(r["compute_s"] / by["runahead"]["compute_s"] - 1, 4),
+                "compute_vs_runahead": round(r["compute_s"] / by[PAPER]["compute_s"] - 1, 4),
                 "compute_waiting": round(r["compute_wait_fraction"], 3),
             }
             for policy, r in by.items()
@@ -125,7 +125,7 @@ def headline(figures: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
         by = {r["policy"]: r for r in group}
         both = by["runahead+prefetch"]
         combo["/".join(map(str, key))] = {
-            "throughput_vs_runahead": round(both["tokens_per_s"] / by["runahead"]["tokens_per_s"] - 1, 4),
+            "throughput_vs_runahead": round(both["tokens_per_s"] / by[PAPER]["tokens_per_s"] - 1, 4),
             "wasted_share_of_prefetches": round(both["wasted_prefetches"] / max(1, both["prefetches"]), 3),
         }
     result["fig7_runahead_prefetch"] = combo
