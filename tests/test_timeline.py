@@ -11,6 +11,8 @@ from runahead.trace import RoutingTrace
 
 from simhelpers import simulate
 
+PAPER = "runahead/grouping=opportunistic"
+"""The paper's runahead (opportunistic grouping); plain ``runahead`` is the bottleneck-aware one."""
 COSTS = FixedCosts(group_s=0.001, per_expert_s=0.0002, transfer_s=0.0005, latency_s=0.0)
 TRACE = RoutingTrace.from_selections([[[[0], [0]]], [[[1], [1]]]], num_experts=2)
 REQUESTS = [RequestSpec(0, max_tokens=1), RequestSpec(1, max_tokens=1)]
@@ -33,7 +35,7 @@ def tokens(runtime):  # type: ignore[no-untyped-def]
 
 
 def test_runahead_timeline() -> None:
-    runtime = simulate(TRACE, policy="runahead", slots=2, requests=REQUESTS, costs=COSTS)
+    runtime = simulate(TRACE, policy=PAPER, slots=2, requests=REQUESTS, costs=COSTS)
     # 0: both entry jobs, one group. 1000: both layer-0 jobs miss; reads of (0,0) then (0,1)
     # share the link. 1500: request 0 is ready and runs ahead alone (1200 us: one expert).
     # 2700: its layer-1 read evicts (0,0) while request 1 computes layer 0. 3900: request 0's
@@ -52,6 +54,27 @@ def test_runahead_timeline() -> None:
         (3900, 4400, (1, 1)),
     ]
     assert tokens(runtime) == [(0, 5100), (1, 6300)]
+
+
+def test_bottleneck_grouping_batches_the_tail() -> None:
+    runtime = simulate(TRACE, policy="runahead", slots=2, requests=REQUESTS, costs=COSTS)
+    # As the paper's up to 3900. Layer 1 is the tail (the last layer, barrier on: its reveals give
+    # the link nothing). Computing request 0 now ends the layer at 6300 (1200 + 1200 us, one after the
+    # other); holding it for request 1's read (lands at 4400) and computing both as one group ends it
+    # at 4400 + 1400 = 5800, and saves 1200 + 1200 - 1400 = 1000 us of compute for 500 us of waiting.
+    assert computes(runtime) == [
+        (0, 1000, -1, (0, 1)),
+        (1500, 2700, 0, (0,)),
+        (2700, 3900, 0, (1,)),
+        (4400, 5800, 1, (0, 1)),
+    ]
+    assert fetches(runtime) == [
+        (1000, 1500, (0, 0)),
+        (1000, 2000, (0, 1)),
+        (2700, 3200, (1, 0)),
+        (3900, 4400, (1, 1)),
+    ]
+    assert tokens(runtime) == [(0, 5800), (1, 5800)]
 
 
 def test_sync_timeline() -> None:

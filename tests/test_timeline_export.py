@@ -35,7 +35,13 @@ HAND_REQUESTS = [RequestSpec(0, max_tokens=1), RequestSpec(1, max_tokens=1)]
 
 
 def hand_run() -> Runtime:
-    return simulate(HAND_TRACE, policy="runahead", slots=2, requests=HAND_REQUESTS, costs=HAND_COSTS)
+    return simulate(
+        HAND_TRACE,
+        policy="runahead/grouping=opportunistic",
+        slots=2,
+        requests=HAND_REQUESTS,
+        costs=HAND_COSTS,
+    )
 
 
 @pytest.fixture(scope="module")
