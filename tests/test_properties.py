@@ -19,13 +19,29 @@ from simhelpers import POLICIES, random_trace, simulate
 
 
 class CheckedEviction:
-    """Wraps the cache's eviction policy and checks every victim it names."""
+    """Wraps the cache's eviction policy and checks every victim it names.
+
+    Also the cache's last resort, a held prefetch taken when no other victim exists (it bypasses the
+    policy by design): checked the same way, so ``victims`` counts every eviction.
+    """
 
     def __init__(self, runtime: Runtime) -> None:
         self.cache = runtime.cache
         self.inner = runtime.cache.eviction
         self.victims = 0
         runtime.cache.eviction = self  # type: ignore[assignment]
+        evict_held = runtime.cache._evict_held
+
+        def checked_evict_held() -> int:
+            self.check(next(iter(self.cache._held_idle)))
+            return evict_held()
+
+        runtime.cache._evict_held = checked_evict_held  # type: ignore[method-assign]
+
+    def check(self, victim) -> None:  # type: ignore[no-untyped-def]
+        assert self.cache.refcount(victim) == 0, f"pinned {victim} chosen for eviction"
+        assert self.cache.is_resident(victim)
+        self.victims += 1
 
     def touch(self, key):  # type: ignore[no-untyped-def]
         self.inner.touch(key)
@@ -39,9 +55,7 @@ class CheckedEviction:
     def pop_victim(self, evictable=None):  # type: ignore[no-untyped-def]
         victim = self.inner.pop_victim(evictable)
         if victim is not None:
-            assert self.cache.refcount(victim) == 0, f"pinned {victim} chosen for eviction"
-            assert self.cache.is_resident(victim)
-            self.victims += 1
+            self.check(victim)
         return victim
 
 
