@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from runahead.jobs import RequestSpec
-from runahead.workload_files import load_sharegpt, load_trajectories
+from runahead.workload_files import Turn, WorkloadFileError, load_sharegpt, load_trajectories
 from runahead.workloads import AGENTIC, CHAT, RequestSample, sample_requests
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ def _sharegpt(path: str) -> tuple[RequestSample, ...]:
 
 
 @functools.lru_cache(maxsize=8)
-def _trajectories(path: str) -> tuple[tuple[RequestSample, int], ...]:
-    return tuple((turn.sample, turn.new_tokens) for turn in load_trajectories(path))
+def _trajectories(path: str) -> tuple[Turn, ...]:
+    return tuple(load_trajectories(path))
 
 
 def check_workload_file(workload: str, path: str) -> int:
@@ -56,8 +56,6 @@ def check_workload_file(workload: str, path: str) -> int:
 
     Raises :class:`runahead.workload_files.WorkloadFileError` naming the file when it cannot be used.
     """
-    from runahead.workload_files import WorkloadFileError
-
     count = len(_trajectories(path) if workload == "agentic" else _sharegpt(path))
     if count == 0:
         raise WorkloadFileError(f"{workload} workload file {path} holds no request")
@@ -82,7 +80,7 @@ def chat_specs(point: BenchPoint) -> list[RequestSpec]:
     ]
 
 
-def _synthetic_turns(point: BenchPoint) -> Iterator[tuple[RequestSample, int]]:
+def _synthetic_turns(point: BenchPoint) -> Iterator[Turn]:
     """Turns of :data:`AGENTIC` (seeded by ``point.seed``) with their new tokens.
 
     A turn's new tokens are one tool observation (lognormal, median 600, the workload's own
@@ -95,7 +93,7 @@ def _synthetic_turns(point: BenchPoint) -> Iterator[tuple[RequestSample, int]]:
         math.log(AGENTIC.observation_tokens_median), AGENTIC.observation_sigma, count
     )
     for sample, observation in zip(samples, observations.tolist(), strict=True):
-        yield sample, round(observation) + round(AGENTIC.mean_output_tokens)
+        yield Turn(sample, round(observation) + round(AGENTIC.mean_output_tokens))
 
 
 def agentic_specs(point: BenchPoint) -> list[RequestSpec]:
@@ -108,14 +106,15 @@ def agentic_specs(point: BenchPoint) -> list[RequestSpec]:
     """
     budget = point.concurrency * point.steps
     if point.workload_file is None:
-        turns: Iterator[tuple[RequestSample, int]] = _synthetic_turns(point)
+        turns: Iterator[Turn] = _synthetic_turns(point)
     else:
         turns = _from(_trajectories(point.workload_file), point.seed * point.concurrency)
     specs = []
-    for r, (sample, new) in enumerate(turns):
+    for r, turn in enumerate(turns):
         if budget <= 0:
             break
-        new = max(1, min(new, AGENTIC_MAX_PREFILL, sample.prompt_tokens))
+        sample = turn.sample
+        new = max(1, min(turn.new_tokens, AGENTIC_MAX_PREFILL, sample.prompt_tokens))
         tokens = min(sample.output_tokens, point.steps, budget)
         budget -= tokens
         cached = sample.prompt_tokens - new + point.warmup_steps
