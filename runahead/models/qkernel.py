@@ -54,7 +54,8 @@ def max_rows() -> int:
 
 SOURCE = Path(__file__).with_name("qkernel.c")
 FLAGS = ("-O3", "-shared", "-fPIC", "-pthread")
-AVX2_FLAGS = ("-mavx2", "-mfma", "-mf16c")
+BUILDS = {"avx2": ("-mavx2", "-mfma", "-mf16c"), "portable": ()}
+"""The kernel's builds and the flags each adds to :data:`FLAGS` (``qkernel.c`` picks its body from them)."""
 CPU_FLAGS = {"avx2", "fma", "f16c"}
 
 
@@ -139,10 +140,10 @@ def load(name: str) -> _Library | None:
 
     For benchmarks that compare the builds; the runtime uses the one chosen for the CPU.
     """
-    if name not in ("avx2", "portable"):
-        raise ValueError(f"kernel builds are avx2 and portable, not {name!r}")
+    if name not in BUILDS:
+        raise ValueError(f"kernel builds are {', '.join(BUILDS)}, not {name!r}")
     try:
-        library = _Library(str(_build(FLAGS if name == "portable" else (*FLAGS, *AVX2_FLAGS))))
+        library = _Library(str(_build((*FLAGS, *BUILDS[name]))))
     except (OSError, subprocess.SubprocessError) as error:
         log.info("quantized product kernel off: build failed (%s); stored experts are dequantized", error)
         return None
