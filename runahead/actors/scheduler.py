@@ -240,10 +240,11 @@ class ComputeScheduler:
         issuer may then answer at once (:meth:`Handoff.hand`): the order of events is the same.
         """
         issuer, inbox = self.issuer, self.inbox
-        if not isinstance(issuer, Handoff) or not isinstance(inbox, Mailbox):
-            issuer.put_nowait(message)
-            return
-        if not all(isinstance(queued, _SELF_CONTAINED) for queued in inbox):
+        if (
+            not isinstance(issuer, Handoff)
+            or not isinstance(inbox, Mailbox)
+            or not all(isinstance(queued, _SELF_CONTAINED) for queued in inbox)
+        ):
             issuer.put_nowait(message)
             return
         while not inbox.empty():
