@@ -23,9 +23,10 @@ from collections import _count_elements  # type: ignore[attr-defined]
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
+from typing import cast
 
 from runahead.eviction import EvictionPolicy, make_eviction
-from runahead.jobs import ExpertKey, Job
+from runahead.jobs import ExpertId, ExpertKey, Job, expert_id, expert_key, expert_keys, job_ids
 
 
 class EntryState(enum.Enum):
@@ -54,12 +55,17 @@ class CacheFullError(RuntimeError):
 class ExpertCache:
     """``slots`` expert entries with refcount pins, deduplicated fetches and lru/lfu eviction.
 
-    NOTE (why the state lives in sets and dicts, not in one record per expert): pinning and
+    NOTE (why the state lives in sets and dicts of ids, not in one record per expert): pinning and
     unpinning run for every expert of every job, so the bookkeeping is kept where the standard
-    library's C code can do a whole job's keys in one call: pin counts in a dict (``_refs``, only
-    pinned keys), resident and pending experts in dicts of their slots, and the evictable ones
-    (resident, unpinned) in a set. An expert's state follows: resident, pending, pinned and
-    neither (``WANTED``), or unknown.
+    library's C code can do a whole job's experts in one call: pin counts in a dict (``_refs``,
+    only pinned experts), resident and pending experts in dicts of their slots, and the evictable
+    ones (resident, unpinned) in a set, all keyed by :data:`ExpertId` (an int hashes as itself).
+    An expert's state follows: resident, pending, pinned and neither (``WANTED``), or unknown.
+
+    Two faces, one state: the methods taking an :class:`ExpertKey` (what the tests, the runtime's
+    warm-up and the backends use) turn it into its id and call the id-taking ones (``*_ids``,
+    ``*_id``, :meth:`pin_jobs`, :meth:`pinned_slots`: the actors' hot path, once per job or group).
+    The eviction policy sees ids.
     """
 
     def __init__(self, slots: int, eviction: str | EvictionPolicy = "lfu") -> None:
@@ -68,51 +74,115 @@ class ExpertCache:
         self.slots = slots
         self.eviction: EvictionPolicy = make_eviction(eviction) if isinstance(eviction, str) else eviction
         self.stats = CacheStats()
-        self._refs: dict[ExpertKey, int] = {}  # pinned experts (any state) -> pins
-        self._resident: dict[ExpertKey, int] = {}  # -> slot, in the order they landed
-        self._pending: dict[ExpertKey, int] = {}  # a read into the slot is in flight
-        self._idle: set[ExpertKey] = set()  # resident with no pins, not held: the evictable ones
-        self._unused: set[ExpertKey] = set()  # prefetched (pending or resident), never pinned since
-        self._holder: dict[ExpertKey, int] = {}  # a held prefetch -> the request it is held for
-        self._holds: dict[int, list[ExpertKey]] = {}  # request -> prefetches held for it
-        self._held_idle: dict[ExpertKey, None] = {}  # resident, unpinned, held: oldest first
+        self._refs: dict[ExpertId, int] = {}  # pinned experts (any state) -> pins
+        self._resident: dict[ExpertId, int] = {}  # -> slot, in the order they landed
+        self._pending: dict[ExpertId, int] = {}  # a read into the slot is in flight
+        self._idle: set[ExpertId] = set()  # resident with no pins, not held: the evictable ones
+        self._unused: set[ExpertId] = set()  # prefetched (pending or resident), never pinned since
+        self._holder: dict[ExpertId, int] = {}  # a held prefetch -> the request it is held for
+        self._holds: dict[int, list[ExpertId]] = {}  # request -> prefetches held for it
+        self._held_idle: dict[ExpertId, None] = {}  # resident, unpinned, held: oldest first
         self._free_slots = list(range(slots - 1, -1, -1))
 
-    # -- queries ---------------------------------------------------------------------------------
+    # -- by key ----------------------------------------------------------------------------------
 
     def state(self, key: ExpertKey) -> EntryState | None:
         """The entry's state, or None if the cache knows nothing of ``key``."""
-        if key in self._resident:
-            return EntryState.RESIDENT
-        if key in self._pending:
-            return EntryState.PENDING
-        return EntryState.WANTED if key in self._refs else None
+        return self.state_id(expert_id(key))
 
     def is_resident(self, key: ExpertKey) -> bool:
-        return key in self._resident
+        return expert_id(key) in self._resident
 
     def is_wanted(self, key: ExpertKey) -> bool:
         """Pinned by a job, with no read started (the state ``WANTED``)."""
-        return key in self._refs and key not in self._resident and key not in self._pending
+        return self.is_wanted_id(expert_id(key))
 
     def slot_of(self, key: ExpertKey) -> int:
         """The slot of a resident or pending expert."""
-        slot = self._resident.get(key, self._pending.get(key))
+        expert = expert_id(key)
+        slot = self._resident.get(expert, self._pending.get(expert))
         if slot is None:
-            raise KeyError(f"{key} has no slot (state {self._state_name(key)})")
+            raise KeyError(f"{key} has no slot (state {self._state_name(expert)})")
         return slot
 
     def refcount(self, key: ExpertKey) -> int:
-        return self._refs.get(key, 0)
+        return self._refs.get(expert_id(key), 0)
 
     def resident_keys(self) -> list[ExpertKey]:
         """The resident experts, in the order they landed."""
-        return list(self._resident)
+        return list(expert_keys(self._resident))
 
-    def pinned_slots(self, keys: Sequence[ExpertKey]) -> list[int] | None:
-        """The slots of ``keys`` if every one is resident and pinned (a job ready to compute), else None."""
-        slots = list(map(self._resident.get, keys))
-        if None in slots or not all(map(self._refs.__contains__, keys)):
+    def pin(self, key: ExpertKey) -> bool:
+        """Take one reference on ``key`` for a job; return True if it is resident (a hit).
+
+        A miss leaves a ``WANTED`` (or already ``PENDING``) entry holding the pin until the fetcher
+        reserves a slot for it.
+        """
+        return not self.pin_ids((expert_id(key),))
+
+    def pin_all(self, keys: Sequence[ExpertKey]) -> tuple[ExpertKey, ...]:
+        """Pin every key (:meth:`pin_ids`); return those not resident."""
+        return expert_keys(self.pin_ids(tuple(map(expert_id, keys))))
+
+    def unpin(self, key: ExpertKey) -> None:
+        """Release one reference. A resident entry whose count reaches zero becomes evictable."""
+        self.unpin_ids((expert_id(key),))
+
+    def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
+        """Release one reference on every key, in order (:meth:`unpin_ids`)."""
+        self.unpin_ids(tuple(map(expert_id, keys)))
+
+    def reserve(self, key: ExpertKey, *, prefetch: bool = False, holder: int | None = None) -> int | None:
+        """Give ``key`` a slot for a fetch about to start (:meth:`reserve_id`)."""
+        return self.reserve_id(expert_id(key), prefetch=prefetch, holder=holder)
+
+    def complete(self, key: ExpertKey) -> None:
+        """The fetch of ``key`` landed (:meth:`complete_id`)."""
+        self.complete_id(expert_id(key))
+
+    def abort(self, key: ExpertKey) -> None:
+        """The fetch of ``key`` failed (:meth:`abort_id`)."""
+        self.abort_id(expert_id(key))
+
+    def warm(self, keys: Iterable[ExpertKey]) -> None:
+        """Load ``keys`` as if fetched and used once, before any job runs (no cost is charged).
+
+        Models the cache contents left by a prompt's prefill; evicts as a fetch would.
+        """
+        for expert in map(expert_id, keys):
+            self.eviction.touch(expert)
+            if expert in self._resident or expert in self._pending or expert in self._refs:
+                if expert in self._idle:
+                    self.eviction.add(expert)  # a use refreshes its recency
+                continue
+            slot = self._take_slot()
+            if slot is None:
+                raise CacheFullError("cannot warm the cache: every slot is pinned")
+            self._resident[expert] = slot
+            self._idle.add(expert)
+            self.eviction.add(expert)
+
+    # -- queries by id ---------------------------------------------------------------------------
+
+    def state_id(self, expert: ExpertId) -> EntryState | None:
+        """The state of the entry of id ``expert``, or None."""
+        if expert in self._resident:
+            return EntryState.RESIDENT
+        if expert in self._pending:
+            return EntryState.PENDING
+        return EntryState.WANTED if expert in self._refs else None
+
+    def is_resident_id(self, expert: ExpertId) -> bool:
+        return expert in self._resident
+
+    def is_wanted_id(self, expert: ExpertId) -> bool:
+        """Pinned by a job, with no read started (the state ``WANTED``)."""
+        return expert in self._refs and expert not in self._resident and expert not in self._pending
+
+    def pinned_slots(self, experts: Sequence[ExpertId]) -> list[int] | None:
+        """The slots of ``experts`` if every one is resident and pinned (jobs ready to compute), else None."""
+        slots = list(map(self._resident.get, experts))
+        if None in slots or not all(map(self._refs.__contains__, experts)):
             return None
         return slots  # type: ignore[return-value]  # no None in it
 
@@ -121,80 +191,72 @@ class ExpertCache:
         return len(self._refs)
 
     def can_reserve(self) -> bool:
-        """Whether :meth:`reserve` would find a slot now (a free one or an evictable one)."""
+        """Whether :meth:`reserve_id` would find a slot now (a free one or an evictable one)."""
         return bool(self._free_slots) or bool(self._idle) or bool(self._held_idle)
 
     def is_idle(self) -> bool:
         """No pins and nothing in flight: what the cache looks like between runs."""
         return not self._refs and not self._pending
 
-    # -- pins ------------------------------------------------------------------------------------
+    # -- pins by id ------------------------------------------------------------------------------
 
-    def pin(self, key: ExpertKey) -> bool:
-        """Take one reference on ``key`` for a job; return True if it is resident (a hit).
+    def pin_ids(self, experts: Sequence[ExpertId]) -> tuple[ExpertId, ...]:
+        """Pin every expert (one job's, or several jobs' in turn); return those not resident.
 
-        A miss leaves a ``WANTED`` (or already ``PENDING``) entry holding the pin until the fetcher
-        reserves a slot for it.
-        """
-        return not self.pin_all((key,))
-
-    def pin_all(self, keys: Sequence[ExpertKey]) -> tuple[ExpertKey, ...]:
-        """Pin every key (one job's experts, or several jobs' in turn); return those not resident.
-
-        The same as :meth:`pin` per key: one use each for the eviction policy, one pin each.
+        One use each for the eviction policy, one pin each, as one pin per expert in turn would.
         """
         eviction = self.eviction
         touch_all = getattr(eviction, "touch_all", None)  # optional: a policy may only have touch
         if touch_all is not None:
-            touch_all(keys)
+            touch_all(experts)
         else:
-            for key in keys:
-                eviction.touch(key)
-        _count_elements(self._refs, keys)
+            for expert in experts:
+                eviction.touch(expert)
+        _count_elements(self._refs, experts)
         if self._idle:
-            self._idle.difference_update(keys)
+            self._idle.difference_update(experts)
         if self._holder:  # a job pins a held prefetch: it is no longer held (nor idle)
             holder, held_idle = self._holder, self._held_idle
-            for key in [key for key in keys if key in holder]:
-                del holder[key]
-                held_idle.pop(key, None)
+            for expert in [expert for expert in experts if expert in holder]:
+                del holder[expert]
+                held_idle.pop(expert, None)
         if self._unused:
-            self._unused.difference_update(keys)
-        missing = tuple(filterfalse(self._resident.__contains__, keys))
+            self._unused.difference_update(experts)
+        missing = tuple(filterfalse(self._resident.__contains__, experts))
         stats = self.stats
         stats.misses += len(missing)
-        stats.hits += len(keys) - len(missing)
+        stats.hits += len(experts) - len(missing)
         return missing
 
-    def pin_jobs(self, jobs: Sequence[Job]) -> list[tuple[ExpertKey, ...]]:
-        """Pin every job's keys, job after job, in one :meth:`pin_all`; each job's missing keys.
+    def pin_jobs(self, jobs: Sequence[Job]) -> list[tuple[ExpertId, ...]]:
+        """Pin every job's experts, job after job, in one :meth:`pin_ids`; each job's missing ones.
 
-        The same as one :meth:`pin_all` per job: a pin never changes what is resident.
+        The same as one :meth:`pin_ids` per job: a pin never changes what is resident.
         """
-        flat = self.pin_all([key for job in jobs for key in job.keys])
+        flat = self.pin_ids(job_ids(jobs))
         if not flat:
             return [()] * len(jobs)
         absent = set(flat).__contains__
-        return [tuple(filter(absent, job.keys)) for job in jobs]
+        return [tuple(filter(absent, job.ids)) for job in jobs]
 
-    def unpin_all(self, keys: Iterable[ExpertKey]) -> None:
-        """Release one reference on every key, in order (the same as :meth:`unpin` per key).
+    def unpin_ids(self, experts: Iterable[ExpertId]) -> None:
+        """Release one reference on every expert, in order (the same as one release per expert).
 
         A resident entry whose count reaches zero becomes evictable; a ``WANTED`` one is forgotten
         (its jobs went away before a read was started).
         """
         refs, resident = self._refs, self._resident
         freed = []  # became evictable, in order
-        for key in keys:
-            count = refs.get(key, 0)
+        for expert in experts:
+            count = refs.get(expert, 0)
             if count > 1:
-                refs[key] = count - 1
+                refs[expert] = count - 1
             elif count == 1:
-                del refs[key]
-                if key in resident:
-                    freed.append(key)
+                del refs[expert]
+                if expert in resident:
+                    freed.append(expert)
             else:
-                raise RuntimeError(f"unpin of {key} with refcount 0")
+                raise RuntimeError(f"unpin of {expert_key(expert)} with refcount 0")
         if freed:
             self._idle.update(freed)
             eviction = self.eviction
@@ -202,108 +264,91 @@ class ExpertCache:
             if add_all is not None:
                 add_all(freed)
             else:
-                for key in freed:
-                    eviction.add(key)
+                for expert in freed:
+                    eviction.add(expert)
 
-    def unpin(self, key: ExpertKey) -> None:
-        """Release one reference. A resident entry whose count reaches zero becomes evictable."""
-        self.unpin_all((key,))
+    # -- fetches by id ---------------------------------------------------------------------------
 
-    # -- fetches ---------------------------------------------------------------------------------
-
-    def reserve(self, key: ExpertKey, *, prefetch: bool = False, holder: int | None = None) -> int | None:
-        """Give ``key`` a slot for a fetch about to start; return the slot, or None if none is free.
+    def reserve_id(
+        self, expert: ExpertId, *, prefetch: bool = False, holder: int | None = None
+    ) -> int | None:
+        """Give ``expert`` a slot for a fetch about to start; return the slot, or None if none is free.
 
         A demand fetch turns a ``WANTED`` entry ``PENDING``; a prefetch creates a ``PENDING`` entry
         with no pins, held for request ``holder`` if given. Evicts the policy's victim among
         unpinned resident entries if no slot is free; a demand fetch that finds none takes the
         oldest held prefetch (a prefetch never does).
         """
-        state = self.state(key)
+        state = self.state_id(expert)
         if prefetch:
             if state is not None:
-                raise RuntimeError(f"prefetch of {key}, which is already {state.value}")
+                raise RuntimeError(f"prefetch of {expert_key(expert)}, which is already {state.value}")
         elif state is not EntryState.WANTED:
-            raise RuntimeError(f"demand fetch of {key}, which is {self._state_name(key)}, not wanted")
+            raise RuntimeError(
+                f"demand fetch of {expert_key(expert)}, which is {self._state_name(expert)}, not wanted"
+            )
         slot = self._take_slot(last_resort=not prefetch)
         if slot is None:
             return None
-        self._pending[key] = slot
+        self._pending[expert] = slot
         if prefetch:
-            self._unused.add(key)
+            self._unused.add(expert)
             if holder is not None:
-                self._holder[key] = holder
-                self._holds.setdefault(holder, []).append(key)
+                self._holder[expert] = holder
+                self._holds.setdefault(holder, []).append(expert)
             self.stats.prefetches += 1
         self.stats.fetches += 1
         return slot
 
-    def complete(self, key: ExpertKey) -> None:
-        """The fetch of ``key`` landed: it is resident (and evictable if nobody pins it)."""
-        slot = self._pending.pop(key, None)
+    def complete_id(self, expert: ExpertId) -> None:
+        """The fetch of ``expert`` landed: it is resident (and evictable if nobody pins it)."""
+        slot = self._pending.pop(expert, None)
         if slot is None:
-            raise RuntimeError(f"fetch completion for {key}, which is {self._state_name(key)}")
-        self._resident[key] = slot
-        if key not in self._refs:
-            if key in self._holder:
-                self._held_idle[key] = None
+            what = self._state_name(expert)
+            raise RuntimeError(f"fetch completion for {expert_key(expert)}, which is {what}")
+        self._resident[expert] = slot
+        if expert not in self._refs:
+            if expert in self._holder:
+                self._held_idle[expert] = None
             else:
-                self._idle.add(key)
-                self.eviction.add(key)
+                self._idle.add(expert)
+                self.eviction.add(expert)
 
     def release_prefetches(self, request: int) -> None:
         """``request``'s next job has pinned its experts (or the request ended): the prefetches held
         for it become ordinary entries, evictable as the policy decides once unpinned."""
         holder = self._holder
-        for key in self._holds.pop(request, ()):
-            if holder.get(key) != request:
+        for expert in self._holds.pop(request, ()):
+            if holder.get(expert) != request:
                 continue  # used (pinned) or evicted meanwhile
-            del holder[key]
-            if key in self._held_idle:
-                del self._held_idle[key]
-                self._idle.add(key)
-                self.eviction.add(key)
+            del holder[expert]
+            if expert in self._held_idle:
+                del self._held_idle[expert]
+                self._idle.add(expert)
+                self.eviction.add(expert)
 
-    def abort(self, key: ExpertKey) -> None:
-        """The fetch of ``key`` failed: free its slot; the entry is ``WANTED`` again while pinned.
+    def abort_id(self, expert: ExpertId) -> None:
+        """The fetch of ``expert`` failed: free its slot; the entry is ``WANTED`` again while pinned.
 
         Jobs still pinning it are failed by the caller; their unpins then forget the entry, so a
         later request fetches it afresh.
         """
-        slot = self._pending.pop(key, None)
+        slot = self._pending.pop(expert, None)
         if slot is None:
-            raise RuntimeError(f"fetch failure for {key}, which is {self._state_name(key)}")
+            raise RuntimeError(f"fetch failure for {expert_key(expert)}, which is {self._state_name(expert)}")
         self._free_slots.append(slot)
         self.stats.failed_fetches += 1
-        if key not in self._refs:  # forgotten, with its prefetch marks
-            self._unused.discard(key)
-            self._holder.pop(key, None)
-
-    def warm(self, keys: Iterable[ExpertKey]) -> None:
-        """Load ``keys`` as if fetched and used once, before any job runs (no cost is charged).
-
-        Models the cache contents left by a prompt's prefill; evicts as a fetch would.
-        """
-        for key in keys:
-            self.eviction.touch(key)
-            if key in self._resident or key in self._pending or key in self._refs:
-                if key in self._idle:
-                    self.eviction.add(key)  # a use refreshes its recency
-                continue
-            slot = self._take_slot()
-            if slot is None:
-                raise CacheFullError("cannot warm the cache: every slot is pinned")
-            self._resident[key] = slot
-            self._idle.add(key)
-            self.eviction.add(key)
+        if expert not in self._refs:  # forgotten, with its prefetch marks
+            self._unused.discard(expert)
+            self._holder.pop(expert, None)
 
     def finish(self) -> None:
         """End of a run: prefetched experts never used count as wasted."""
         self.stats.wasted_prefetches += len(self._unused)
         self._unused.clear()
 
-    def _state_name(self, key: ExpertKey) -> str:
-        state = self.state(key)
+    def _state_name(self, expert: ExpertId) -> str:
+        state = self.state_id(expert)
         return "unknown" if state is None else state.value
 
     def _take_slot(self, last_resort: bool = False) -> int | None:
@@ -318,23 +363,24 @@ class ExpertCache:
         victim = self.eviction.pop_victim(self._idle.__contains__)
         if victim is None:
             raise RuntimeError("eviction policy found no victim among evictable entries")
-        assert isinstance(victim, ExpertKey)
-        self._idle.remove(victim)
-        slot = self._resident.pop(victim)
+        assert isinstance(victim, int)  # an id: the policy holds what the cache gave it
+        expert = cast(ExpertId, victim)
+        self._idle.remove(expert)
+        slot = self._resident.pop(expert)
         self.stats.evictions += 1
-        if victim in self._unused:
-            self._unused.remove(victim)
+        if expert in self._unused:
+            self._unused.remove(expert)
             self.stats.wasted_prefetches += 1
         return slot
 
     def _evict_held(self) -> int:
-        key = next(iter(self._held_idle))
-        del self._held_idle[key], self._holder[key]
+        expert = next(iter(self._held_idle))
+        del self._held_idle[expert], self._holder[expert]
         self.stats.evictions += 1
-        if key in self._unused:
-            self._unused.remove(key)
+        if expert in self._unused:
+            self._unused.remove(expert)
             self.stats.wasted_prefetches += 1
-        return self._resident.pop(key)
+        return self._resident.pop(expert)
 
 
 def admissible(slots: int, active_requests: int, experts_per_job: int) -> bool:

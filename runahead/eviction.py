@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, _count_elements  # type: ignore[attr-defined]
 from collections.abc import Callable, Hashable, Iterable
+from itertools import filterfalse
 from typing import Protocol
 
 Evictable = Callable[[Hashable], bool]
@@ -103,13 +104,12 @@ class LFU:
     def add_all(self, keys: Iterable[Hashable]) -> None:
         live, heap, counts, key_of = self._live, self._heap, self.counts, self._key_of
         seq = self._seq
-        for key in keys:
-            if key not in live:  # as add() and _push(), written out
-                seq += 1
-                entry = counts.get(key, 0) << _SEQ_BITS | seq
-                live[key] = entry
-                key_of[entry] = key
-                heapq.heappush(heap, entry)
+        for key in filterfalse(live.__contains__, keys):  # as add() and _push(), written out
+            seq += 1
+            entry = counts.get(key, 0) << _SEQ_BITS | seq
+            live[key] = entry
+            key_of[entry] = key
+            heapq.heappush(heap, entry)
         self._seq = seq
 
     def remove(self, key: Hashable) -> None:

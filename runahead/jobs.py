@@ -8,40 +8,75 @@ needs no experts. The job at the last layer ends in the LM head and sampling.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from itertools import chain
+from operator import attrgetter
+from typing import Any, NamedTuple, NewType
 
 ENTRY_LAYER = -1
 """Layer index of a token's first job (embedding, attention 0, gate 0): it needs no experts."""
 
 
 class ExpertKey(NamedTuple):
-    """One routed expert of one MoE layer: the unit of caching and fetching.
-
-    A NamedTuple rather than a dataclass because it is hashed on every cache look-up.
-    """
+    """One routed expert of one MoE layer: the unit of caching and fetching, as every seam names it
+    (inside the runtime's hot path an expert is an :data:`ExpertId`)."""
 
     layer: int
     expert: int
 
 
-_KEYS: dict[int, dict[int, ExpertKey]] = {}
-"""One shared :class:`ExpertKey` per (layer, expert) seen: building a job's keys is then a look-up
-per expert, not a tuple construction, and dict look-ups of a shared key compare by identity."""
+ExpertId = NewType("ExpertId", int)
+"""An expert's number inside the runtime's hot path (the cache, the eviction policy, the fetcher's
+queues and messages): its index in one process-wide table of :class:`ExpertKey`, dense from 0.
+
+NOTE (why a second name for an expert): the cache looks up every expert of every job several
+times; an int hashes as itself where an ``ExpertKey`` tuple hashes its two fields on every look-up.
+Ids are made only here, from a layer and its experts (:func:`expert_ids`, once per job when the
+:class:`Job` is built) or from a key (:func:`expert_id`), and turned back by :func:`expert_key` where
+they leave the hot path (a backend's ``fetch``, the recorded reads, errors). Every seam outside
+(stores, backends, timelines, rows, the cache's key-taking methods) still speaks ``ExpertKey``; an
+id never equals a key, so the two are never mixed: mypy tells them apart. The table only grows
+(an expert keeps its id for the life of the process), and no decision depends on an id's value.
+"""
+
+_ID_ROWS: dict[int, dict[int, ExpertId]] = {}  # layer -> expert -> its id
+_KEY_OF: list[ExpertKey] = []  # id -> its key (one shared instance per expert)
 
 
-def expert_keys(layer: int, experts: tuple[int, ...]) -> tuple[ExpertKey, ...]:
-    """The cache keys of ``experts`` at ``layer`` (shared instances, equal to freshly built ones)."""
-    row = _KEYS.get(layer)
+def expert_ids(layer: int, experts: Iterable[int]) -> tuple[ExpertId, ...]:
+    """The ids of ``experts`` at ``layer``, in order (new ones are numbered as they are first seen)."""
+    row = _ID_ROWS.get(layer)
     if row is None:
-        row = _KEYS[layer] = {}
+        row = _ID_ROWS[layer] = {}
     try:
         return tuple(map(row.__getitem__, experts))
     except KeyError:
         for e in experts:
             if e not in row:
-                row[e] = ExpertKey(layer, e)
+                row[e] = ExpertId(len(_KEY_OF))
+                _KEY_OF.append(ExpertKey(layer, e))
         return tuple(map(row.__getitem__, experts))
+
+
+def expert_id(key: ExpertKey) -> ExpertId:
+    """The id of ``key`` (an ``ExpertKey``; anything else is an error, never a silent miss)."""
+    return expert_ids(key.layer, (key.expert,))[0]
+
+
+def expert_key(expert: ExpertId) -> ExpertKey:
+    """The ``ExpertKey`` of an id made by :func:`expert_ids` (a shared instance)."""
+    return _KEY_OF[expert]
+
+
+def expert_keys(experts: Iterable[ExpertId]) -> tuple[ExpertKey, ...]:
+    """The ``ExpertKey`` of each id, in order."""
+    return tuple(map(_KEY_OF.__getitem__, experts))
+
+
+def job_ids(jobs: Iterable[Job]) -> list[ExpertId]:
+    """Every job's expert ids, job after job (a group's, flattened once, without a loop per expert)."""
+    return list(chain.from_iterable(map(_ids_of, jobs)))
 
 
 @dataclass(slots=True, init=False)
@@ -74,8 +109,8 @@ class Job:
     remaining: tuple[int, ...]
     wave: int
     prefill: bool
-    keys: tuple[ExpertKey, ...] = field(init=False, repr=False, compare=False)
-    """The cache keys this job needs resident before it can compute (built once: it is hot)."""
+    ids: tuple[ExpertId, ...] = field(init=False, repr=False, compare=False)
+    """The ids of the experts this job needs resident before it can compute (built once: it is hot)."""
 
     def __init__(
         self,
@@ -102,12 +137,36 @@ class Job:
         self.remaining = remaining
         self.wave = wave
         self.prefill = prefill
-        self.keys = expert_keys(layer, experts) if experts else ()
+        self.ids = expert_ids(layer, experts) if experts else ()
+
+    @property
+    def keys(self) -> tuple[ExpertKey, ...]:
+        """The cache keys of the experts this job needs (``ids`` as keys)."""
+        return expert_keys(self.ids)
+
+    def __reduce__(self) -> tuple[type[Job], tuple[Any, ...]]:
+        """Pickled by its fields: another process numbers experts its own way (``ids`` are rebuilt)."""
+        return Job, (
+            self.request,
+            self.step,
+            self.layer,
+            self.experts,
+            self.lane,
+            self.num_tokens,
+            self.predicted_next,
+            self.epoch,
+            self.remaining,
+            self.wave,
+            self.prefill,
+        )
 
     @property
     def progress(self) -> tuple[int, int]:
         """How far the request has come: ``(epoch, layer)``, compared lexicographically."""
         return (self.epoch, self.layer)
+
+
+_ids_of = attrgetter("ids")
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runahead.jobs import ExpertKey, Job, RequestSpec
+from runahead.jobs import ExpertId, Job, RequestSpec
 
 # -- to the JobIssuer ----------------------------------------------------------------------------
 
@@ -29,14 +29,14 @@ class NextJobs:
 class FetchDone:
     """An expert landed in its slot (from the ExpertFetcher)."""
 
-    key: ExpertKey
+    expert: ExpertId
 
 
 @dataclass(slots=True)
 class FetchFailed:
-    """A read of ``key`` failed after its retries (from the ExpertFetcher); ``error`` says why."""
+    """A read of ``expert`` failed after its retries (from the ExpertFetcher); ``error`` says why."""
 
-    key: ExpertKey
+    expert: ExpertId
     error: str
 
 
@@ -84,7 +84,7 @@ class Blocked:
     """``job`` waits for ``missing`` experts."""
 
     job: Job
-    missing: tuple[ExpertKey, ...]
+    missing: tuple[ExpertId, ...]
 
 
 @dataclass(slots=True)
@@ -93,7 +93,7 @@ class Prefetch:
 
     request: int
     progress: tuple[int, int]
-    keys: tuple[ExpertKey, ...]
+    experts: tuple[ExpertId, ...]
 
 
 @dataclass(slots=True)

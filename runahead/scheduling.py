@@ -36,7 +36,7 @@ from runahead.bottleneck import (
     landing_times,
 )
 from runahead.cache import ExpertCache
-from runahead.jobs import ExpertKey, Group, Job
+from runahead.jobs import ExpertId, Group, Job
 
 
 class ComputeOrder(enum.Enum):
@@ -218,7 +218,7 @@ _arrival_of = operator.itemgetter(1)
 class _Blocked:
     seq: int
     job: Job
-    unstarted: list[ExpertKey]  # missing experts no read has started for, in gate order
+    unstarted: list[ExpertId]  # missing experts no read has started for, in gate order
     remaining: int  # m(j): missing experts not yet resident
     rank: tuple[int, ...] = ()  # the fetch order's key, kept current as ``remaining`` shrinks
 
@@ -229,23 +229,24 @@ class FetchQueue:
     The fetcher reports every read it starts and every read that lands (demand or prefetch), so
     ``m(j)`` and each job's not-yet-started experts stay current without rescanning the cache.
     A job leaves the queue once a read has started for every one of its missing experts. Each
-    job's rank is rebuilt when its ``m(j)`` changes, so a choice is one C-level ``min``.
+    job's rank is rebuilt when its ``m(j)`` changes, so a choice is one C-level ``min``. Experts
+    are :data:`ExpertId` here, as in the cache's hot path.
     """
 
     def __init__(self, order: FetchOrder) -> None:
         self.order = order
         self._rank = _FETCH_RANKS[order]
         self._blocked: dict[int, _Blocked] = {}
-        self._by_key: dict[ExpertKey, list[int]] = {}  # missing expert -> blocked requests
+        self._by_key: dict[ExpertId, list[int]] = {}  # missing expert -> blocked requests
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         return len(self._blocked)
 
-    def add(self, job: Job, missing: Iterable[ExpertKey], cache: ExpertCache) -> None:
+    def add(self, job: Job, missing: Iterable[ExpertId], cache: ExpertCache) -> None:
         """``job`` waits for ``missing`` experts (not resident; some may already be on their way)."""
         missing = tuple(missing)
-        unstarted = list(filter(cache.is_wanted, missing))
+        unstarted = list(filter(cache.is_wanted_id, missing))
         if not unstarted:
             return
         blocked = self._blocked[job.request] = _Blocked(next(self._seq), job, unstarted, len(missing))
@@ -263,14 +264,14 @@ class FetchQueue:
         blocked = self._blocked.pop(request, None)
         if blocked is None:
             return
-        for key in blocked.job.keys:
+        for key in blocked.job.ids:
             waiting = self._by_key.get(key)
             if waiting is not None and request in waiting:
                 waiting.remove(request)
                 if not waiting:
                     del self._by_key[key]
 
-    def started(self, key: ExpertKey) -> None:
+    def started(self, key: ExpertId) -> None:
         """A read of ``key`` began: no blocked job needs to start it again."""
         for request in self._by_key.get(key, ()):
             blocked = self._blocked.get(request)
@@ -279,11 +280,11 @@ class FetchQueue:
                 if not blocked.unstarted:
                     del self._blocked[request]
 
-    def failed(self, key: ExpertKey) -> None:
+    def failed(self, key: ExpertId) -> None:
         """The read of ``key`` failed for good: the jobs waiting on it are failed by the issuer."""
         self._by_key.pop(key, None)
 
-    def landed(self, key: ExpertKey) -> None:
+    def landed(self, key: ExpertId) -> None:
         """``key`` became resident: every job waiting on it has one fewer missing expert."""
         for request in self._by_key.pop(key, ()):
             blocked = self._blocked.get(request)
@@ -291,7 +292,7 @@ class FetchQueue:
                 blocked.remaining -= 1
                 blocked.rank = self._rank(blocked)
 
-    def select(self, cache: ExpertCache) -> ExpertKey | None:
+    def select(self, cache: ExpertCache) -> ExpertId | None:
         """SELECT_FETCH_JOB, then that job's first expert no read has started for; None if none.
 
         The cache decides what is still wanted. A job cancelled after it blocked has its pins
@@ -303,7 +304,7 @@ class FetchQueue:
             best = min(self._blocked.values(), key=_rank_of_blocked)
             unstarted = best.unstarted
             while unstarted:
-                if cache.is_wanted(unstarted[0]):
+                if cache.is_wanted_id(unstarted[0]):
                     return unstarted[0]
                 unstarted.pop(0)  # stale: its job went away
             self.discard(best.job.request)
@@ -341,12 +342,12 @@ class PrefetchQueue:
     """
 
     def __init__(self) -> None:
-        self._hints: dict[int, tuple[tuple[tuple[int, int], int], tuple[ExpertKey, ...]]] = {}
+        self._hints: dict[int, tuple[tuple[tuple[int, int], int], tuple[ExpertId, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self._hints)
 
-    def add(self, request: int, progress: tuple[int, int], keys: Iterable[ExpertKey]) -> None:
+    def add(self, request: int, progress: tuple[int, int], keys: Iterable[ExpertId]) -> None:
         """Hint that ``request`` will need ``keys`` at ``progress``; replaces its older hint."""
         hint = tuple(keys)
         if hint:
@@ -357,14 +358,14 @@ class PrefetchQueue:
     def discard(self, request: int) -> None:
         self._hints.pop(request, None)
 
-    def select(self, cache: ExpertCache) -> tuple[ExpertKey, int] | None:
+    def select(self, cache: ExpertCache) -> tuple[ExpertId, int] | None:
         """The next expert to prefetch and the request it is predicted for, or None: lowest
         progress first (then request id)."""
         hints = self._hints
         while hints:
             (_, request), keys = min(hints.values(), key=_rank_of)
             for key in keys:
-                if cache.state(key) is None:
+                if cache.state_id(key) is None:
                     return key, request
             del hints[request]
         return None

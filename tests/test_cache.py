@@ -4,7 +4,7 @@ import pytest
 
 from runahead.cache import EntryState, ExpertCache, admissible
 from runahead.eviction import LFU, LRU, make_eviction
-from runahead.jobs import ExpertKey
+from runahead.jobs import ExpertKey, expert_keys
 
 A, B, C, D = (ExpertKey(0, e) for e in range(4))
 
@@ -252,7 +252,8 @@ def test_a_group_pinned_in_one_batch_is_pinned_as_job_by_job() -> None:
     victims: list[list[ExpertKey]] = [[], []]
     for step in range(150):
         jobs = [Job(r, step, 1, tuple(rng.sample(range(12), 3))) for r in range(rng.randrange(1, 5))]
-        missing = [batched.pin_jobs(jobs), [single.pin_all(job.keys) for job in jobs]]
+        by_group = [expert_keys(missing) for missing in batched.pin_jobs(jobs)]  # ids, as keys
+        missing = [by_group, [single.pin_all(job.keys) for job in jobs]]
         assert missing[0] == missing[1]
         for cache, log, misses in zip((batched, single), victims, missing, strict=True):
             for key in dict.fromkeys(k for keys in misses for k in keys):
@@ -266,3 +267,25 @@ def test_a_group_pinned_in_one_batch_is_pinned_as_job_by_job() -> None:
             assert cache.pinned_count() == 0
     assert victims[0] == victims[1] and len(victims[0]) > 50
     assert batched.stats == single.stats
+
+
+def test_expert_ids_stand_for_keys_inside_and_never_equal_them() -> None:
+    """The hot path's ids: one per expert, turned back into the same key, never equal to a key, and
+    a pickled job's ids rebuilt from its experts (another process numbers experts its own way)."""
+    import pickle
+
+    from runahead.jobs import Job, expert_id, expert_ids, expert_key
+
+    ids = expert_ids(7, (3, 1, 3))
+    assert ids[0] == ids[2] != ids[1] and len(set(expert_ids(7, range(5)))) == 5
+    assert [expert_key(i) for i in ids] == [ExpertKey(7, 3), ExpertKey(7, 1), ExpertKey(7, 3)]
+    assert expert_id(ExpertKey(7, 1)) == ids[1] and ids[1] != ExpertKey(7, 1)
+    with pytest.raises(AttributeError):
+        expert_id(ids[1])  # type: ignore[arg-type]  # an id is no key
+    job = Job(2, 0, 7, (3, 1), epoch=4)
+    assert job.keys == (ExpertKey(7, 3), ExpertKey(7, 1)) and job.ids == ids[:2]
+    again = pickle.loads(pickle.dumps(job))
+    assert again == job and again.ids == job.ids and again.epoch == 4
+    cache = ExpertCache(2)
+    cache.pin(ExpertKey(7, 3))  # by key and by id, the same entry
+    assert cache.state_id(ids[0]) is EntryState.WANTED and cache.is_wanted(ExpertKey(7, 3))

@@ -10,7 +10,7 @@ from runahead.backends.sim import FixedCosts, SimBackend, sim_token
 from runahead.cache import ExpertCache
 from runahead.clock import SimulationStalled, run_virtual
 from runahead.health import RequestFailed, RuntimeBroken
-from runahead.jobs import ExpertKey, RequestSpec
+from runahead.jobs import ExpertId, ExpertKey, RequestSpec
 from runahead.runtime import Runtime, RuntimeConfig
 
 from simhelpers import random_trace
@@ -88,23 +88,21 @@ def test_bad_request_values_are_named() -> None:
 
 def test_the_sim_refuses_a_job_computed_before_its_experts_landed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken issuer that calls every expert resident is caught at the compute, not trusted."""
-    monkeypatch.setattr(ExpertCache, "pin_all", lambda self, keys: ())
+    monkeypatch.setattr(ExpertCache, "pin_ids", lambda self, experts: ())
     with pytest.raises(BrokenPromise, match=r"computed before expert ExpertKey\(.*\) was ready"):
         run(SimBackend(TRACE, COSTS))
 
 
 def test_the_sim_refuses_a_job_whose_experts_are_not_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
     """A broken issuer that drops a job's pins on resident experts: they could be evicted mid-compute."""
-    pin_all = ExpertCache.pin_all
+    pin_ids = ExpertCache.pin_ids
 
-    def pin_then_drop(self: ExpertCache, keys: Sequence[ExpertKey]) -> tuple[ExpertKey, ...]:
-        missing = pin_all(self, keys)
-        for key in keys:
-            if key not in missing:
-                self.unpin(key)
+    def pin_then_drop(self: ExpertCache, experts: Sequence[ExpertId]) -> tuple[ExpertId, ...]:
+        missing = pin_ids(self, experts)
+        self.unpin_ids([expert for expert in experts if expert not in missing])
         return missing
 
-    monkeypatch.setattr(ExpertCache, "pin_all", pin_then_drop)
+    monkeypatch.setattr(ExpertCache, "pin_ids", pin_then_drop)
     with pytest.raises(BrokenPromise, match=r"was ready \(cache state resident, pins 0\)"):
         run(SimBackend(TRACE, COSTS))
 

@@ -4,7 +4,7 @@ import asyncio
 
 from runahead.actors.issuer import JobIssuer
 from runahead.cache import ExpertCache
-from runahead.jobs import ExpertKey, Job
+from runahead.jobs import ExpertKey, Job, expert_id
 from runahead.messages import Blocked, FetchDone, NextJobs, Ready
 from runahead.metrics import Recorder
 
@@ -39,7 +39,7 @@ async def test_a_stale_fetch_notice_does_not_release_a_job() -> None:
     actor, scheduler, _ = issuer(cache)
     # an earlier read of `key` landed; its notice is still unread when the expert is evicted ...
     cache.warm([key])
-    stale = FetchDone(key)
+    stale = FetchDone(expert_id(key))
     cache.warm([ExpertKey(1, 6), ExpertKey(1, 7)])  # evicts `key`
     assert cache.state(key) is None
     # ... and a new job wants it again
@@ -49,7 +49,7 @@ async def test_a_stale_fetch_notice_does_not_release_a_job() -> None:
     assert scheduler.empty()  # still waiting: the expert is not resident
     cache.reserve(key)
     cache.complete(key)
-    actor.handle(FetchDone(key))
+    actor.handle(FetchDone(expert_id(key)))
     ready = scheduler.get_nowait()
     assert [job.request for job in ready.jobs] == [3]
 
@@ -64,5 +64,5 @@ async def test_a_job_with_more_experts_than_its_budget_runs_in_waves_resident_fi
     assert isinstance(blocked, Blocked)
     assert blocked.job.experts == (7, 1)  # the resident expert first, then the budget's rest
     assert blocked.job.remaining == (3, 5, 9)
-    assert blocked.missing == (ExpertKey(2, 1),)
+    assert blocked.missing == (expert_id(ExpertKey(2, 1)),)
     assert cache.refcount(ExpertKey(2, 3)) == 0  # later waves pin nothing yet

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runahead.backends.sim import FixedCosts, sim_token
-from runahead.jobs import RequestSpec
+from runahead.jobs import RequestSpec, expert_key
 from runahead.runtime import Runtime
 
 from simhelpers import POLICIES, random_trace, simulate
@@ -39,8 +39,9 @@ class CheckedEviction:
         runtime.cache._evict_held = checked_evict_held  # type: ignore[method-assign]
 
     def check(self, victim) -> None:  # type: ignore[no-untyped-def]
-        assert self.cache.refcount(victim) == 0, f"pinned {victim} chosen for eviction"
-        assert self.cache.is_resident(victim)
+        key = expert_key(victim)  # the cache hands its policy expert ids
+        assert self.cache.refcount(key) == 0, f"pinned {key} chosen for eviction"
+        assert self.cache.is_resident(key)
         self.victims += 1
 
     def touch(self, key):  # type: ignore[no-untyped-def]

@@ -3,7 +3,7 @@
 import pytest
 
 from runahead.cache import ExpertCache
-from runahead.jobs import ENTRY_LAYER, ExpertKey, Job
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Job, expert_id, expert_key
 from runahead.policy import BASE_POLICIES, parse_policy
 from runahead.scheduling import (
     ComputeOrder,
@@ -93,7 +93,13 @@ def test_grouping_parse_and_lanes() -> None:
 
 
 def blocked(queue: FetchQueue, cache: ExpertCache, j: Job) -> None:
-    queue.add(j, cache.pin_all(j.keys), cache)
+    queue.add(j, cache.pin_ids(j.ids), cache)
+
+
+def chosen(queue: FetchQueue, cache: ExpertCache) -> ExpertKey | None:
+    """The key of the expert the queue picks (the queue speaks ids, as the cache's hot path)."""
+    expert = queue.select(cache)
+    return None if expert is None else expert_key(expert)
 
 
 def test_fetch_order_lowest_layer_then_fewest_missing() -> None:
@@ -102,7 +108,7 @@ def test_fetch_order_lowest_layer_then_fewest_missing() -> None:
     blocked(queue, cache, job(0, 4, (1, 2)))
     blocked(queue, cache, job(1, 2, (1, 2, 3)))
     blocked(queue, cache, job(2, 2, (5,)))
-    assert queue.select(cache) == ExpertKey(2, 5)  # layer 2, one missing
+    assert chosen(queue, cache) == ExpertKey(2, 5)  # layer 2, one missing
 
 
 def test_global_srtf_ignores_layers_and_fifo_ignores_both() -> None:
@@ -111,7 +117,7 @@ def test_global_srtf_ignores_layers_and_fifo_ignores_both() -> None:
         queue = FetchQueue(order)
         blocked(queue, cache, job(0, 2, (1, 2, 3)))
         blocked(queue, cache, job(1, 4, (9,)))
-        assert queue.select(cache) == expected
+        assert chosen(queue, cache) == expected
 
 
 def test_remaining_missing_shrinks_as_shared_reads_land() -> None:
@@ -121,25 +127,25 @@ def test_remaining_missing_shrinks_as_shared_reads_land() -> None:
     blocked(queue, cache, job(1, 1, (1, 2, 7, 8)))  # m = 4, shares 1 and 2
     for key in (ExpertKey(1, 1), ExpertKey(1, 2)):
         cache.reserve(key)
-        queue.started(key)
+        queue.started(expert_id(key))
         cache.complete(key)
-        queue.landed(key)
-    assert queue.select(cache) == ExpertKey(1, 3)  # request 0 has one missing left, request 1 has two
+        queue.landed(expert_id(key))
+    assert chosen(queue, cache) == ExpertKey(1, 3)  # request 0 has one missing left, request 1 has two
     cache.reserve(ExpertKey(1, 3))
-    queue.started(ExpertKey(1, 3))  # request 0's last one is on its way: it leaves J_B
+    queue.started(expert_id(ExpertKey(1, 3)))  # request 0's last one is on its way: it leaves J_B
     assert len(queue) == 1
-    assert queue.select(cache) == ExpertKey(1, 7)
+    assert chosen(queue, cache) == ExpertKey(1, 7)
 
 
 def test_prefetch_hints_replace_and_skip_known_experts() -> None:
     cache = ExpertCache(8)
     hints = PrefetchQueue()
-    hints.add(0, (0, 3), [ExpertKey(3, 1), ExpertKey(3, 2)])
-    hints.add(1, (0, 2), [ExpertKey(2, 4)])
+    hints.add(0, (0, 3), map(expert_id, [ExpertKey(3, 1), ExpertKey(3, 2)]))
+    hints.add(1, (0, 2), [expert_id(ExpertKey(2, 4))])
     cache.pin(ExpertKey(2, 4))  # already wanted by a job: the demand queue's
-    assert hints.select(cache) == (ExpertKey(3, 1), 0)
-    hints.add(0, (0, 4), [ExpertKey(4, 6)])  # newer hint of request 0 replaces the stale one
-    assert hints.select(cache) == (ExpertKey(4, 6), 0)
+    assert hints.select(cache) == (expert_id(ExpertKey(3, 1)), 0)
+    hints.add(0, (0, 4), [expert_id(ExpertKey(4, 6))])  # newer hint of request 0 replaces the stale one
+    assert hints.select(cache) == (expert_id(ExpertKey(4, 6)), 0)
     hints.discard(0)
     assert hints.select(cache) is None
 
@@ -204,9 +210,9 @@ def test_a_cancelled_jobs_experts_are_dropped_not_selected() -> None:
     blocked(queue, cache, job(1, 1, (2, 5)))
     cache.unpin_all(gone.keys)  # the issuer's cancellation: expert (1, 1) is forgotten
     assert cache.state(ExpertKey(1, 1)) is None
-    assert queue.select(cache) == ExpertKey(1, 2)  # still wanted by request 1's job
+    assert chosen(queue, cache) == ExpertKey(1, 2)  # still wanted by request 1's job
     cache.unpin_all(job(1, 1, (2, 5)).keys)
-    assert queue.select(cache) is None and len(queue) == 0  # nothing left that anyone wants
+    assert chosen(queue, cache) is None and len(queue) == 0  # nothing left that anyone wants
     queue.discard(0)
     queue.discard(1)
     assert not queue._by_key  # no per-request leftovers once both are forgotten

@@ -26,7 +26,7 @@ from runahead.backend import Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health
-from runahead.jobs import ExpertKey
+from runahead.jobs import ExpertId, ExpertKey, expert_key
 from runahead.mailbox import serve
 from runahead.messages import Blocked, FetchDone, FetcherMessage, FetchFailed, Forget, IssuerMessage, Prefetch
 from runahead.metrics import Recorder
@@ -88,7 +88,7 @@ class ExpertFetcher:
         if isinstance(message, Blocked):
             self.demand.add(message.job, message.missing, self.cache)
         elif isinstance(message, Prefetch):
-            self.hints.add(message.request, message.progress, message.keys)
+            self.hints.add(message.request, message.progress, message.experts)
         elif isinstance(message, Forget):
             self.demand.discard(message.request)
             self.hints.discard(message.request)
@@ -114,20 +114,20 @@ class ExpertFetcher:
             if waiter.done() and not waiter.cancelled():
                 self._waking = False
 
-    def _pick(self) -> tuple[ExpertKey, int, bool] | None:
+    def _pick(self) -> tuple[ExpertId, int, bool] | None:
         """The next read to start, its reserved slot, and whether it is a prefetch."""
-        key, holder = self.demand.select(self.cache), None
-        prefetch = key is None
-        if key is None:
+        expert, holder = self.demand.select(self.cache), None
+        prefetch = expert is None
+        if expert is None:
             hint = self.hints.select(self.cache)
             if hint is None:
                 return None
-            key, holder = hint
-        slot = self.cache.reserve(key, prefetch=prefetch, holder=holder)
+            expert, holder = hint
+        slot = self.cache.reserve_id(expert, prefetch=prefetch, holder=holder)
         if slot is None:
             return None  # every slot is pinned or being filled; a completing read frees one
-        self.demand.started(key)
-        return key, slot, prefetch
+        self.demand.started(expert)
+        return expert, slot, prefetch
 
     async def _link_worker(self) -> None:
         clock, cache, demand, recorder = self.clock, self.cache, self.demand, self.recorder
@@ -138,24 +138,25 @@ class ExpertFetcher:
                 await self._park()
                 continue
             self._wake_one()  # more reads may be waiting: let the next idle worker look
-            key, slot, prefetch = picked
+            expert, slot, prefetch = picked
+            key = expert_key(expert)  # what the backend, the health and the record name
             start = clock.now()
             try:
                 await fetch(key, slot)
             except (OSError, ValueError) as first_error:
                 error = await self._retry(key, slot, first_error)
                 if error is not None:
-                    demand.failed(key)
-                    issuer.put_nowait(FetchFailed(key, error))
+                    demand.failed(expert)
+                    issuer.put_nowait(FetchFailed(expert, error))
                     self._wake_one()  # its slot is free again once the issuer has the notice
                     continue
             else:
                 if health.failing:
                     health.read_succeeded(key)
-            cache.complete(key)
-            demand.landed(key)
+            cache.complete_id(expert)
+            demand.landed(expert)
             recorder.fetch(start, clock.now(), key, prefetch)
-            issuer.put_nowait(FetchDone(key))
+            issuer.put_nowait(FetchDone(expert))
 
     async def _retry(self, key: ExpertKey, slot: int, error: Exception) -> str | None:
         """Read ``key`` into ``slot`` again after ``error``; None on success, else the last error."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from runahead.backend import Backend
 from runahead.cache import EntryState, ExpertCache, admissible
-from runahead.jobs import ExpertKey, Job, RequestSpec
+from runahead.jobs import ExpertId, Job, RequestSpec, expert_ids
 from runahead.mailbox import serve
 from runahead.messages import (
     Blocked,
@@ -70,7 +70,7 @@ class JobIssuer:
         self.active: dict[int, int] = {}  # request -> lane
         self._free_lanes: list[int] = []
         self._next_lane = 0
-        self._waiters: dict[ExpertKey, list[Job]] = {}
+        self._waiters: dict[ExpertId, list[Job]] = {}
         self._blocked: dict[int, tuple[Job, int]] = {}  # request -> (job, experts still missing)
 
     async def run(self) -> None:
@@ -84,7 +84,7 @@ class JobIssuer:
                 jobs = tuple([job for job in jobs if job.request not in self._cancelled])
             self.scheduler.put_nowait(Ready(self._issue_group(jobs), reply=True))
         elif isinstance(message, FetchDone):
-            ready = self._arrived(message.key)
+            ready = self._arrived(message.expert)
             if ready:
                 self.scheduler.put_nowait(Ready(ready))
         elif isinstance(message, Submit):
@@ -95,7 +95,7 @@ class JobIssuer:
             self._release(message.request)
             self._admit()
         elif isinstance(message, FetchFailed):
-            self._fetch_failed(message.key, message.error)
+            self._fetch_failed(message.expert, message.error)
         elif isinstance(message, Cancel):
             self._cancel(message.request, message.error)
 
@@ -129,28 +129,26 @@ class JobIssuer:
             self.recorder.selection(job.request, job.step, job.layer, job.experts)
         if len(job.experts) > self.backend.experts_per_job:
             job = self._first_wave(job)
-        missing = self.cache.pin_all(job.keys)
+        missing = self.cache.pin_ids(job.ids)
         if self.predictor is not None:
             self.cache.release_prefetches(job.request)  # its job took what was predicted for it
             if job.wave == 0:
                 hint = self.predictor.predict(job)
                 layer = job.layer + 1
-                self.fetcher.put_nowait(
-                    Prefetch(job.request, (job.epoch, layer), tuple(ExpertKey(layer, e) for e in hint))
-                )
+                self.fetcher.put_nowait(Prefetch(job.request, (job.epoch, layer), expert_ids(layer, hint)))
         if not missing:
             return job
         self._block(job, missing)
         return None
 
-    def _block(self, job: Job, missing: tuple[ExpertKey, ...]) -> None:
+    def _block(self, job: Job, missing: tuple[ExpertId, ...]) -> None:
         """``job`` waits for ``missing``: note it, and tell the ExpertFetcher."""
         self._blocked[job.request] = (job, len(missing))
         waiters = self._waiters
-        for key in missing:
-            waiting = waiters.get(key)
+        for expert in missing:
+            waiting = waiters.get(expert)
             if waiting is None:
-                waiters[key] = [job]
+                waiters[expert] = [job]
             else:
                 waiting.append(job)
         self.fetcher.put_nowait(Blocked(job, missing))
@@ -161,21 +159,21 @@ class JobIssuer:
         Resident experts go first, then those already on their way, then the rest, so the first
         waves compute while the link brings the later ones (expert-granular accumulation).
         """
-        state = self.cache.state
-        order = sorted(job.experts, key=lambda e: (_WAVE_ORDER[state(ExpertKey(job.layer, e))], e))
+        states = map(self.cache.state_id, expert_ids(job.layer, job.experts))
+        order = [e for _, e in sorted(zip(map(_WAVE_ORDER.__getitem__, states), job.experts, strict=True))]
         budget = self.backend.experts_per_job
         return replace(job, experts=tuple(order[:budget]), remaining=tuple(order[budget:]))
 
-    def _arrived(self, key: ExpertKey) -> tuple[Job, ...]:
-        """Release the jobs waiting on ``key`` if it is resident.
+    def _arrived(self, expert: ExpertId) -> tuple[Job, ...]:
+        """Release the jobs waiting on ``expert`` if it is resident.
 
         A notice can be stale: the expert may have landed, been evicted and been wanted again
         before this message was read. Its waiters then wait for the read now on its way.
         """
-        if not self.cache.is_resident(key):
+        if not self.cache.is_resident_id(expert):
             return ()
         ready = []
-        for job in self._waiters.pop(key, ()):
+        for job in self._waiters.pop(expert, ()):
             blocked = self._blocked.get(job.request)
             if blocked is None or blocked[0] is not job:
                 continue  # cancelled meanwhile
@@ -187,10 +185,10 @@ class JobIssuer:
                 ready.append(job)
         return tuple(ready)
 
-    def _fetch_failed(self, key: ExpertKey, error: str) -> None:
+    def _fetch_failed(self, expert: ExpertId, error: str) -> None:
         """A read failed for good: fail the requests whose jobs wait for it; the others go on."""
-        self.cache.abort(key)
-        for job in self._waiters.pop(key, ()):
+        self.cache.abort_id(expert)
+        for job in self._waiters.pop(expert, ()):
             blocked = self._blocked.get(job.request)
             if blocked is not None and blocked[0] is job:
                 self._cancel(job.request, error)
@@ -246,13 +244,13 @@ class JobIssuer:
         blocked = self._blocked.pop(request, None)
         if blocked is not None:
             job = blocked[0]
-            self.cache.unpin_all(job.keys)
-            for key in job.keys:  # the job no longer waits on its missing experts
-                waiters = [w for w in self._waiters.get(key, ()) if w is not job]
+            self.cache.unpin_ids(job.ids)
+            for expert in job.ids:  # the job no longer waits on its missing experts
+                waiters = [w for w in self._waiters.get(expert, ()) if w is not job]
                 if waiters:
-                    self._waiters[key] = waiters
+                    self._waiters[expert] = waiters
                 else:
-                    self._waiters.pop(key, None)
+                    self._waiters.pop(expert, None)
         self.cache.release_prefetches(request)
         self.fetcher.put_nowait(Forget(request))
         self.scheduler.put_nowait(Cancel(request, error))

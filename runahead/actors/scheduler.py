@@ -31,7 +31,7 @@ from runahead.bottleneck import ComputeFit, Hold, Outlook
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RuntimeBroken
-from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec
+from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, job_ids
 from runahead.mailbox import Handoff, Mailbox, Outbox
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
@@ -200,7 +200,7 @@ class ComputeScheduler:
             )
         jobs = group.jobs
         self.recorder.compute(start, end, group.layer, tuple([job.request for job in jobs]))
-        self.cache.unpin_all([key for job in jobs for key in job.keys])  # in order, as job by job
+        self.cache.unpin_ids(job_ids(jobs))  # in order, as job by job
         next_jobs = []
         positions, last_layer = self.positions, self.last_layer
         for result in results:
@@ -294,7 +294,7 @@ class ComputeScheduler:
             self.health.fatal = f"{self.max_compute_failures} groups in a row failed; the last: {message}"
             raise RuntimeBroken(self.health.fatal) from error
         for job in group.jobs:
-            self.cache.unpin_all(job.keys)
+            self.cache.unpin_ids(job.ids)
             self._cancel(job.request, message)
 
     def _cancel(self, request: int, error: str | None = None) -> None:
@@ -304,7 +304,7 @@ class ComputeScheduler:
             return  # it finished meanwhile
         job = self.queue.discard(request)
         if job is not None:
-            self.cache.unpin_all(job.keys)
+            self.cache.unpin_ids(job.ids)
         released = self.barrier.forget(request)
         self.positions.pop(request, None)
         self.blocked.pop(request, None)

@@ -16,7 +16,7 @@ from typing import Protocol
 from runahead.backend import BrokenPromise
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
-from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec, expert_keys, job_ids
 
 
 class SimCosts(Protocol):
@@ -204,10 +204,11 @@ class SimBackend:
         cache = self._cache
         if cache is None:
             return None
-        keys = [key for job in group.jobs for key in job.keys]
-        slots = cache.pinned_slots(keys)  # one call per group: this runs for every expert
+        ids = job_ids(group.jobs)
+        slots = cache.pinned_slots(ids)  # one call per group: this runs for every expert
         if slots is None:
             self._refuse_unready(group, cache)
+        keys = list(expert_keys(ids))
         landed = self._landed
         held = list(map(landed.get, slots))  # type: ignore[arg-type]
         if held != keys:
