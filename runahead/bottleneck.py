@@ -58,6 +58,13 @@ HOLD_MIN_TAIL_SHARE = 0.8
 from the compute bottleneck a held group's pins only crowd a small cache (more reads)."""
 
 
+def may_hold(compute_share: float) -> bool:
+    """Whether a group may be held at all at this ``compute_share`` (the lower of the two gates):
+    below it :meth:`runahead.scheduling.ComputeQueue.plan` computes the paper's group, so the caller
+    need not build an :class:`Outlook` (it runs at every decision)."""
+    return compute_share >= min(HOLD_MIN_COMPUTE_SHARE, HOLD_MIN_TAIL_SHARE)
+
+
 def landing_times(
     now: float,
     blocked: Iterable[Job],

@@ -61,7 +61,10 @@ def expert_ids(layer: int, experts: Iterable[int]) -> tuple[ExpertId, ...]:
 
 def expert_id(key: ExpertKey) -> ExpertId:
     """The id of ``key`` (an ``ExpertKey``; anything else is an error, never a silent miss)."""
-    return expert_ids(key.layer, (key.expert,))[0]
+    try:
+        return _ID_ROWS[key.layer][key.expert]
+    except KeyError:
+        return expert_ids(key.layer, (key.expert,))[0]
 
 
 def expert_key(expert: ExpertId) -> ExpertKey:

@@ -185,26 +185,38 @@ class ComputeQueue:
     def _static_candidate(
         self, positions: Mapping[int, tuple[int, int]], lanes: Mapping[int, int]
     ) -> list[tuple[tuple[int, ...], int, Job]]:
-        """Static groups wait for every member at the group's least progress to be ready."""
-        by_group: dict[int, list[int]] = {}
-        group_of = self._group_of
-        for request, lane in lanes.items():
-            if request not in positions:
-                continue  # held at the step barrier
-            group = group_of.get(lane)
-            if group is None:
-                group = group_of[lane] = self.grouping.group_of_lane(lane)
-            members = by_group.get(group)
-            if members is None:
-                by_group[group] = [request]
-            else:
-                members.append(request)
+        """Static groups wait for every member at the group's least progress to be ready.
+
+        Runs at every decision, over every active request: the per-request work is done by C
+        iterators (``filter``, ``map``, ``compress``), and ``sync`` (one group) needs no grouping.
+        """
+        members: Iterable[list[int]]
+        if self.grouping.sizes is None:  # one group of every lane not held at the step barrier
+            members = [list(filter(positions.__contains__, lanes))]
+        else:
+            by_group: dict[int, list[int]] = {}
+            group_of = self._group_of
+            for request, lane in lanes.items():
+                if request not in positions:
+                    continue  # held at the step barrier
+                group = group_of.get(lane)
+                if group is None:
+                    group = group_of[lane] = self.grouping.group_of_lane(lane)
+                requests = by_group.get(group)
+                if requests is None:
+                    by_group[group] = [request]
+                else:
+                    requests.append(request)
+            members = by_group.values()
+        ready = self._ready
         candidates: list[list[tuple[tuple[int, ...], int, Job]]] = []
-        for requests in by_group.values():
-            least = min(positions[r] for r in requests)
-            laggards = [r for r in requests if positions[r] == least]
-            if all(r in self._ready for r in laggards):
-                candidates.append([self._ready[r] for r in laggards])
+        for requests in members:
+            if not requests:
+                continue
+            progress = list(map(positions.__getitem__, requests))
+            laggards = list(itertools.compress(requests, map(min(progress).__eq__, progress)))
+            if all(map(ready.__contains__, laggards)):
+                candidates.append(list(map(ready.__getitem__, laggards)))
         if not candidates:
             return []
         return min(candidates, key=lambda members: min(entry[0] for entry in members))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from runahead.backend import Backend, BrokenPromise
-from runahead.bottleneck import ComputeFit, Hold, Outlook
+from runahead.bottleneck import ComputeFit, Hold, Outlook, may_hold
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RuntimeBroken
@@ -121,7 +121,8 @@ class ComputeScheduler:
         self.handle(message)
 
     def _outlook(self) -> Outlook | None:
-        """What ``bottleneck`` grouping decides from, or None while there is nothing to wait for."""
+        """What ``bottleneck`` grouping decides from; None while there is nothing to wait for, or no
+        group may be held (:func:`may_hold`)."""
         if not self.blocked:
             return None
         recorder = self.recorder
@@ -132,13 +133,16 @@ class ComputeScheduler:
         else:
             return None  # nothing measured yet: group as the paper does
         link_s = fetch_s * recorder.reads
+        share = recorder.compute_seconds / link_s if link_s else 1.0
+        if not may_hold(share):
+            return None  # no group may be held now: the paper's group, as the rule would say
         return Outlook(
             self.clock.now(),
             list(self.blocked.values()),
             self.cache.state,
             fetch_s,
             self._group_s,
-            recorder.compute_seconds / link_s if link_s else 1.0,
+            share,
             self.last_layer if self.barrier.enabled else None,
         )
 

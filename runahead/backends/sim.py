@@ -16,7 +16,18 @@ from typing import Protocol
 from runahead.backend import BrokenPromise
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
-from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec, expert_keys, job_ids
+from runahead.jobs import (
+    ENTRY_LAYER,
+    ExpertId,
+    ExpertKey,
+    Group,
+    Job,
+    JobResult,
+    RequestSpec,
+    expert_id,
+    expert_key,
+    job_ids,
+)
 
 
 class SimCosts(Protocol):
@@ -119,8 +130,8 @@ class SimBackend:
         self._requests: dict[int, _SimRequest] = {}
         self._link_free = 0.0
         self._cache: ExpertCache | None = None
-        self._landed: dict[int, ExpertKey] = {}  # slot -> the expert whose read into it landed
-        self._reading: dict[int, ExpertKey] = {}  # slot -> the expert being read into it
+        self._landed: dict[int, ExpertId] = {}  # slot -> the expert whose read into it landed
+        self._reading: dict[int, ExpertId] = {}  # slot -> the expert being read into it
 
     def watch(self, cache: ExpertCache) -> None:
         """Check at every compute that each job's experts are resident, landed and pinned."""
@@ -143,8 +154,9 @@ class SimBackend:
         self._requests.pop(request, None)
 
     async def fetch(self, key: ExpertKey, slot: int) -> None:
+        expert = expert_id(key)  # what the check at each compute compares (the cache's ids)
         self._landed.pop(slot, None)
-        self._reading[slot] = key
+        self._reading[slot] = expert
         if self.zero_cost:
             await self.clock.sleep(0.0)
         else:
@@ -152,7 +164,7 @@ class SimBackend:
             self._link_free = start + self.costs.fetch_transfer_time()
             await self.clock.sleep_until(self._link_free)
         del self._reading[slot]
-        self._landed[slot] = key
+        self._landed[slot] = expert
 
     async def compute(self, group: Group) -> Sequence[JobResult]:
         jobs = group.jobs
@@ -194,7 +206,7 @@ class SimBackend:
                 state.decoded += 1
         return results
 
-    def _check_experts(self, group: Group) -> tuple[list[int], list[ExpertKey]] | None:
+    def _check_experts(self, group: Group) -> tuple[list[int], list[ExpertId]] | None:
         """Raise unless every expert of every job is resident, landed in its slot and pinned.
 
         Returns the group's slots and the expert each holds, to check again when the compute ends
@@ -208,19 +220,22 @@ class SimBackend:
         slots = cache.pinned_slots(ids)  # one call per group: this runs for every expert
         if slots is None:
             self._refuse_unready(group, cache)
-        keys = list(expert_keys(ids))
         landed = self._landed
         held = list(map(landed.get, slots))  # type: ignore[arg-type]
-        if held != keys:
-            for index, (key, slot, content) in enumerate(zip(keys, slots, held, strict=True)):  # type: ignore[arg-type]
+        if held != ids:
+            for index, (expert, slot, content) in enumerate(zip(ids, slots, held, strict=True)):  # type: ignore[arg-type]
                 if content is None and slot not in self._reading:
-                    landed[slot] = held[index] = key  # warmed: it holds what the cache put there
-                elif content != key:
-                    job = next(job for job in group.jobs if key in job.keys)
-                    what = f"{content} (landed)" if content else f"{self._reading[slot]} (still being read)"
+                    landed[slot] = held[index] = expert  # warmed: it holds what the cache put there
+                elif content != expert:
+                    job = next(job for job in group.jobs if expert in job.ids)
+                    what = (
+                        f"{expert_key(content)} (landed)"
+                        if content is not None
+                        else f"{expert_key(self._reading[slot])} (still being read)"
+                    )
                     raise BrokenPromise(
                         f"request {job.request}'s job at layer {job.layer} was computed with slot {slot} "
-                        f"holding {what}, not {key}"
+                        f"holding {what}, not {expert_key(expert)}"
                     )
         return slots, held  # type: ignore[return-value]
 
