@@ -246,17 +246,18 @@ class ExpertCache:
         (its jobs went away before a read was started).
         """
         refs, resident = self._refs, self._resident
-        freed = []  # became evictable, in order
-        for expert in experts:
-            count = refs.get(expert, 0)
-            if count > 1:
-                refs[expert] = count - 1
-            elif count == 1:
-                del refs[expert]
-                if expert in resident:
-                    freed.append(expert)
-            else:
-                raise RuntimeError(f"unpin of {expert_key(expert)} with refcount 0")
+        freed: list[ExpertId] = []  # became evictable, in order
+        try:  # ``_refs`` holds only pinned experts: one without pins is a KeyError
+            for expert in experts:
+                count = refs[expert] - 1
+                if count:
+                    refs[expert] = count
+                else:
+                    del refs[expert]
+                    if expert in resident:
+                        freed.append(expert)
+        except KeyError:
+            raise RuntimeError(f"unpin of {expert_key(expert)} with refcount 0") from None
         if freed:
             self._idle.update(freed)
             eviction = self.eviction

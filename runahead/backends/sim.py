@@ -9,6 +9,8 @@ seconds of wall time and gives identical results every run.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -222,8 +224,9 @@ class SimBackend:
             self._refuse_unready(group, cache)
         landed = self._landed
         held = list(map(landed.get, slots))  # type: ignore[arg-type]
-        if held != ids:
-            for index, (expert, slot, content) in enumerate(zip(ids, slots, held, strict=True)):  # type: ignore[arg-type]
+        if held != ids:  # only where they differ (a slot the run warmed is seen for the first time)
+            for index in itertools.compress(range(len(ids)), map(operator.ne, held, ids)):
+                expert, slot, content = ids[index], slots[index], held[index]  # type: ignore[index]
                 if content is None and slot not in self._reading:
                     landed[slot] = held[index] = expert  # warmed: it holds what the cache put there
                 elif content != expert:
