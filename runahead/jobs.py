@@ -170,6 +170,7 @@ class Job:
 
 
 _ids_of = attrgetter("ids")
+_experts_of = attrgetter("experts")
 
 
 @dataclass(slots=True)
@@ -196,7 +197,12 @@ class Group:
 
     def distinct_experts(self) -> int:
         """How many distinct experts the group's tokens go through (each is read once)."""
-        return len({e for job in self.jobs for e in job.experts})
+        return distinct_experts(self.jobs)
+
+
+def distinct_experts(jobs: Iterable[Job]) -> int:
+    """How many distinct experts ``jobs`` (of one layer) go through, counted without a loop per expert."""
+    return len(set(chain.from_iterable(map(_experts_of, jobs))))
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from runahead.bottleneck import ComputeFit, Hold, Outlook, may_hold
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health, RuntimeBroken
-from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, job_ids
+from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, distinct_experts, job_ids
 from runahead.mailbox import Handoff, Mailbox, Outbox
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
@@ -152,9 +152,10 @@ class ComputeScheduler:
             return self._fit(len(jobs))
         requests = self.requests
         contexts = [requests[job.request].prompt_tokens + job.step + job.num_tokens for job in jobs]
-        distinct = len({e for job in jobs for e in job.experts})
         return float(
-            self._model.compute_time(jobs[0].layer, [job.num_tokens for job in jobs], contexts, distinct)
+            self._model.compute_time(
+                jobs[0].layer, [job.num_tokens for job in jobs], contexts, distinct_experts(jobs)
+            )
         )
 
     def handle(self, message: SchedulerMessage) -> None:
