@@ -11,10 +11,14 @@ compute and read record, every token time and the cache counters, as one digest 
 ``--instructions`` counts the instructions of each point's run alone under valgrind's callgrind
 (the run bracketed by callgrind client requests through a small C helper built with ``cc``): slow
 (~50x), but deterministic, so a few percent show on a loaded machine where CPU time cannot.
+``--bytecodes`` counts the Python bytecodes each point's run executes (``sys.settrace`` opcode
+events, no valgrind), per job and per function: deterministic too, and it says where they go
+(``--top N`` functions of the after tree per point).
 
     python bench/overhead.py --before /tmp/main-src --after . --reps 3
     python bench/overhead.py --before /tmp/main-src --after . --check
     python bench/overhead.py --before /tmp/main-src --after . --instructions --steps 8
+    python bench/overhead.py --before /tmp/main-src --after . --bytecodes --steps 16 --top 12
 """
 
 from __future__ import annotations
@@ -130,6 +134,67 @@ row = bench.run_point(bench.BenchPoint(**json.loads(sys.argv[1])))
 keep = ("jobs", "groups_run", "reads")
 print(json.dumps({"package": runahead.__file__, **{k: row[k] for k in keep}}))
 """
+
+
+BYTECODE_WORKER = """
+import collections, json, sys
+import runahead, runahead.bench as bench
+counts = collections.Counter()
+def tracer(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+        counts[frame.f_code] += 1
+    return tracer
+run_virtual = bench.run_virtual
+def traced(*args, **kwargs):
+    sys.settrace(tracer)
+    try:
+        return run_virtual(*args, **kwargs)
+    finally:
+        sys.settrace(None)
+bench.run_virtual = traced
+row = bench.run_point(bench.BenchPoint(**json.loads(sys.argv[1])))
+where = lambda code: f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno} {code.co_name}"
+top = [(where(code), n) for code, n in counts.most_common(int(sys.argv[2]))]
+total = sum(counts.values())
+print(json.dumps({"package": runahead.__file__, "jobs": row["jobs"], "bytecodes": total, "top": top}))
+"""
+
+
+def measure_bytecodes(tree: Path, fields: dict[str, Any], top: int) -> dict[str, Any]:
+    """Bytecodes one point's run executes (not the start-up, not the summary), and the ``top``
+    functions by bytecodes executed in them."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", BYTECODE_WORKER, json.dumps(fields), str(top)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{tree}: {fields}: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["package"].startswith(str(tree.resolve())):
+        raise RuntimeError(f"{tree}: ran the package at {result['package']}")
+    return result
+
+
+def compare_bytecodes(before: Path, after: Path, steps: int, real: bool, top: int) -> None:
+    print(
+        f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {'before op/job':>13} "
+        f"{'after op/job':>12} {'after/before':>12}"
+    )
+    for fields in overhead_points(steps, real):
+        b, a = measure_bytecodes(before, fields, 0), measure_bytecodes(after, fields, top)
+        per_b, per_a = b["bytecodes"] / b["jobs"], a["bytecodes"] / a["jobs"]
+        print(
+            f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
+            f"{fields['cache_fraction']:>5.2f} {a['jobs']:>6} {per_b:>13.0f} {per_a:>12.0f} "
+            f"{per_a / per_b:>12.3f}",
+            flush=True,
+        )
+        for name, count in a["top"]:
+            print(f"    {count / a['jobs']:7.1f} /job {count / a['bytecodes']:6.1%}  {name}", flush=True)
 
 
 def measure_instructions(tree: Path, fields: dict[str, Any], helper: Path) -> dict[str, Any]:
@@ -262,9 +327,14 @@ def main() -> int:
     parser.add_argument("--real", action="store_true", help="the Thor's costs instead of zero cost")
     parser.add_argument("--check", action="store_true", help="compare decisions instead of cost")
     parser.add_argument("--instructions", action="store_true", help="count instructions (callgrind)")
+    parser.add_argument("--bytecodes", action="store_true", help="count bytecodes, per function (settrace)")
+    parser.add_argument("--top", type=int, default=0, help="with --bytecodes: the after tree's top functions")
     args = parser.parse_args()
     if args.check:
         return compare_decisions(args.before, args.after)
+    if args.bytecodes:
+        compare_bytecodes(args.before, args.after, args.steps, args.real, args.top)
+        return 0
     if args.instructions:
         compare_instructions(args.before, args.after, args.steps, args.real)
         return 0
