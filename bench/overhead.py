@@ -164,35 +164,14 @@ print(json.dumps({"package": runahead.__file__, "jobs": row["jobs"], "bytecodes"
 def measure_bytecodes(tree: Path, fields: dict[str, Any], top: int) -> dict[str, Any]:
     """Bytecodes one point's run executes (not the start-up, not the summary), and the ``top``
     functions by bytecodes executed in them."""
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    done = subprocess.run(
-        [sys.executable, "-P", "-c", BYTECODE_WORKER, json.dumps(fields), str(top)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode:
-        raise RuntimeError(f"{tree}: {fields}: {done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    if not result["package"].startswith(str(tree.resolve())):
-        raise RuntimeError(f"{tree}: ran the package at {result['package']}")
-    return result
+    return run_worker(tree, BYTECODE_WORKER, fields, top)
 
 
 def compare_bytecodes(before: Path, after: Path, steps: int, real: bool, top: int) -> None:
-    print(
-        f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {'before op/job':>13} "
-        f"{'after op/job':>12} {'after/before':>12}"
-    )
+    print_count_header("op")
     for fields in overhead_points(steps, real):
         b, a = measure_bytecodes(before, fields, 0), measure_bytecodes(after, fields, top)
-        per_b, per_a = b["bytecodes"] / b["jobs"], a["bytecodes"] / a["jobs"]
-        print(
-            f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
-            f"{fields['cache_fraction']:>5.2f} {a['jobs']:>6} {per_b:>13.0f} {per_a:>12.0f} "
-            f"{per_a / per_b:>12.3f}",
-            flush=True,
-        )
+        print_count_row(fields, real, a["jobs"], b["bytecodes"] / b["jobs"], a["bytecodes"] / a["jobs"])
         for name, count in a["top"]:
             print(f"    {count / a['jobs']:7.1f} /job {count / a['bytecodes']:6.1%}  {name}", flush=True)
 
@@ -225,27 +204,42 @@ def compare_instructions(before: Path, after: Path, steps: int, real: bool) -> N
         source, helper = Path(folder) / "cg.c", Path(folder) / "cg.so"
         source.write_text(CALLGRIND_HELPER)
         subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(helper), str(source)], check=True)
-        print(
-            f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {'before Ir/job':>13} "
-            f"{'after Ir/job':>12} {'after/before':>12}"
-        )
+        print_count_header("Ir")
         for fields in overhead_points(steps, real):
             b, a = (measure_instructions(tree, fields, helper) for tree in (before, after))
-            per_b, per_a = b["instructions"] / b["jobs"], a["instructions"] / a["jobs"]
-            print(
-                f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
-                f"{fields['cache_fraction']:>5.2f} {a['jobs']:>6} {per_b:>13.0f} {per_a:>12.0f} "
-                f"{per_a / per_b:>12.3f}",
-                flush=True,
+            print_count_row(
+                fields, real, a["jobs"], b["instructions"] / b["jobs"], a["instructions"] / a["jobs"]
             )
+
+
+def print_count_header(unit: str) -> None:
+    print(
+        f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {f'before {unit}/job':>13} "
+        f"{f'after {unit}/job':>12} {'after/before':>12}"
+    )
+
+
+def print_count_row(fields: dict[str, Any], real: bool, jobs: int, per_b: float, per_a: float) -> None:
+    """One point's count per job before and after (instructions or bytecodes)."""
+    print(
+        f"{'thor' if real else 'zero':<9} {fields['policy']:<9} {fields['concurrency']:>4} "
+        f"{fields['cache_fraction']:>5.2f} {jobs:>6} {per_b:>13.0f} {per_a:>12.0f} {per_a / per_b:>12.3f}",
+        flush=True,
+    )
 
 
 def measure(tree: Path, fields: dict[str, Any], reps: int = 1) -> dict[str, Any]:
     """Run one point ``reps`` times in a fresh process on the ``runahead`` package under ``tree``;
     the row of the run that took the least CPU time."""
+    return run_worker(tree, WORKER, fields, reps)
+
+
+def run_worker(tree: Path, worker: str, fields: dict[str, Any], count: int) -> dict[str, Any]:
+    """Run ``worker`` on one point in a fresh process on the ``runahead`` package under ``tree``;
+    the JSON object it prints last."""
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
     done = subprocess.run(  # -P: not the current folder's package, the tree's
-        [sys.executable, "-P", "-c", WORKER, json.dumps(fields), str(reps)],
+        [sys.executable, "-P", "-c", worker, json.dumps(fields), str(count)],
         env=env,
         capture_output=True,
         text=True,
