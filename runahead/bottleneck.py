@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from runahead.cache import EntryState
-from runahead.jobs import ExpertKey, Job
+from runahead.jobs import ExpertId, Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +24,14 @@ class Outlook:
     """What the runtime knows when the compute unit frees up (``bottleneck`` grouping's inputs).
 
     ``blocked``: every job the JobIssuer holds for missing experts; ``state``: the expert cache's
-    state of a key; ``fetch_s``: link seconds one expert's read holds the link; ``group_s``: compute
-    seconds of one group of the given jobs (one backend call). Times come from the caller's clock;
-    nothing here reads one.
+    state of an expert, by id; ``fetch_s``: link seconds one expert's read holds the link;
+    ``group_s``: compute seconds of one group of the given jobs (one backend call). Times come
+    from the caller's clock; nothing here reads one.
     """
 
     now: float
     blocked: Sequence[Job]
-    state: Callable[[ExpertKey], EntryState | None]
+    state: Callable[[ExpertId], EntryState | None]
     fetch_s: float
     group_s: Callable[[Sequence[Job]], float]
     compute_share: float = 1.0
@@ -68,7 +68,7 @@ def may_hold(compute_share: float) -> bool:
 def landing_times(
     now: float,
     blocked: Iterable[Job],
-    state: Callable[[ExpertKey], EntryState | None],
+    state: Callable[[ExpertId], EntryState | None],
     fetch_s: float,
 ) -> tuple[dict[int, float], float]:
     """When each blocked job should become ready, and when the link runs out of revealed work.
@@ -77,12 +77,18 @@ def landing_times(
     land first, all of them by ``now + pending * fetch_s``; the other missing experts are read one
     after another in ``SELECT_FETCH_JOB`` order (lowest progress, then fewest missing), an expert
     two jobs need once. Returns ``{request: ready time}`` and the time the last read lands.
+    ``state`` is the cache's view of an expert by id (:meth:`ExpertCache.state_id`).
     """
-    pending: set[ExpertKey] = set()
+    pending: set[ExpertId] = set()
     order = []
+    resident, in_flight = EntryState.RESIDENT, EntryState.PENDING
     for job in blocked:
-        keys = [key for key in job.keys if state(key) is not EntryState.RESIDENT]
-        pending.update(key for key in keys if state(key) is EntryState.PENDING)
+        keys = []
+        for expert, now_state in zip(job.ids, map(state, job.ids), strict=True):
+            if now_state is not resident:
+                keys.append(expert)
+                if now_state is in_flight:
+                    pending.add(expert)
         order.append(((job.epoch, job.layer, len(keys), job.request), job, keys))
     cursor = now + len(pending) * fetch_s
     lands = dict.fromkeys(pending, cursor)

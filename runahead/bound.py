@@ -32,7 +32,7 @@ from functools import partial
 
 from runahead.bottleneck import Hold, Outlook
 from runahead.cache import EntryState
-from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job
+from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_key
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 GroupSeconds = Callable[[Sequence[Job]], float]
@@ -227,8 +227,10 @@ class _Model:
         state.now = target
         return True
 
-    def key_state(self, state: _State, key: ExpertKey) -> EntryState:
-        """The cache state the runtime would see: resident, being read, or wanted."""
+    def id_state(self, state: _State, expert: ExpertId) -> EntryState:
+        """The cache state the runtime would see (by id, as :class:`Outlook` asks): resident, being
+        read, or wanted."""
+        key = expert_key(expert)
         if key in state.landed or key in self.case.resident:
             return EntryState.RESIDENT
         flight = state.in_flight
@@ -391,9 +393,9 @@ def run_policy(case: SmallCase, grouping: Grouping) -> Schedule:
         outlook = None
         if blocked:
             share = state.compute_busy / state.link_busy if state.link_busy else 1.0
-            key_state = partial(model.key_state, state)
+            id_state = partial(model.id_state, state)
             outlook = Outlook(
-                state.now, blocked, key_state, case.fetch_s, case.group_s, share, case.layers - 1
+                state.now, blocked, id_state, case.fetch_s, case.group_s, share, case.layers - 1
             )
         choice = queue.plan(positions, lanes, outlook)
         if isinstance(choice, Group):

@@ -19,7 +19,7 @@ from runahead.bottleneck import (
     landing_times,
 )
 from runahead.cache import EntryState
-from runahead.jobs import ExpertKey, Group, Job, RequestSpec
+from runahead.jobs import ExpertId, ExpertKey, Group, Job, RequestSpec, expert_key
 from runahead.policy import parse_policy
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
@@ -35,9 +35,11 @@ def shared_plus_per_job(shared: float, per_job: float):  # type: ignore[no-untyp
 
 
 def states(**by_state: set[ExpertKey]):  # type: ignore[no-untyped-def]
-    """A cache view: keys listed under ``pending``/``wanted`` are in that state, others resident."""
+    """A cache view by expert id (as the cache's ``state_id``): keys listed under ``pending``/``wanted``
+    are in that state, others resident."""
 
-    def state(key: ExpertKey) -> EntryState:
+    def state(expert: ExpertId) -> EntryState:
+        key = expert_key(expert)
         if key in by_state.get("pending", set()):
             return EntryState.PENDING
         if key in by_state.get("wanted", set()):

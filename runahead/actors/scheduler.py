@@ -139,7 +139,7 @@ class ComputeScheduler:
         return Outlook(
             self.clock.now(),
             list(self.blocked.values()),
-            self.cache.state,
+            self.cache.state_id,
             fetch_s,
             self._group_s,
             share,
