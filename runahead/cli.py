@@ -216,6 +216,20 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+PAPER_OPTIONS = {
+    "out",
+    "quick",
+    "tiny",
+    "workers",
+    "no_resume",
+    "charge_overhead",
+    "quiet",
+    "log_json",
+    "log_level",
+}
+"""What ``runahead bench paper`` takes (besides logging); any other bench option set is refused."""
+
+
 def run_paper_command(args: argparse.Namespace) -> int:
     import structlog
 
@@ -225,6 +239,17 @@ def run_paper_command(args: argparse.Namespace) -> int:
 
     if args.out is None:
         raise ValueError("runahead bench paper needs --out DIR")
+    defaults = vars(build_parser().parse_args(["bench", "paper"]))
+    ignored = [
+        "--" + name.replace("_", "-")
+        for name, value in vars(args).items()
+        if name not in PAPER_OPTIONS and value != defaults.get(name)
+    ]
+    if ignored:
+        raise ValueError(
+            f"runahead bench paper runs the paper's own points and ignores {', '.join(ignored)}: drop "
+            f"{'it' if len(ignored) == 1 else 'them'} (or run 'runahead bench' without 'paper')"
+        )
     log = structlog.get_logger("runahead.paper")
     with progress_bar("paper points", None, enabled=not args.quiet) as advance:
 

@@ -10,7 +10,11 @@ prompts and chat work on it.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +76,28 @@ def build_cached(
     A folder built before the tokenizer existed gets one added. ``device`` is where the random
     weights are drawn (``cuda`` draws billions in seconds).
     """
+    path = cache_dir() / name
+    with _build_lock(path):
+        return _build(path, config, dtype, progress, device)
+
+
+@contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Hold ``<path>.lock`` exclusively: a second process building the same model (two demos, two
+    test workers) waits for the first and then finds its folder instead of writing beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(path: Path, config: dict[str, Any], dtype: str, progress: bool, device: str) -> Path:
     from runahead.tokenizer import has_tokenizer, save_tokenizer
 
-    path = cache_dir() / name
+    name = path.name
     if (path / "config.json").exists() and any(path.glob("*.safetensors")):
         if not has_tokenizer(path):
             save_tokenizer(path, config["vocab_size"])
@@ -100,6 +123,8 @@ def build_cached(
                     param.mul_(ROUTER_SCALE)
         advance(1)
         partial = path.with_name(path.name + ".partial")
+        if partial.exists():  # left by a build that was killed
+            shutil.rmtree(partial)
         save_tokenizer(partial, config["vocab_size"])
         advance(2)
         model.save_pretrained(partial)

@@ -8,7 +8,7 @@ A policy spec is a name with optional knobs: ``NAME[/knob=value...]``, for examp
 | --- | --- | --- | --- |
 | ``runahead`` | bottleneck-aware | none | Bevy with grouping beyond the paper (docs/results-core.md) |
 | ``runahead/grouping=opportunistic`` | opportunistic | none | the paper's system as published |
-| ``runahead+prefetch`` | opportunistic | speculative gate | the paper's combination study |
+| ``runahead+prefetch`` | bottleneck-aware | speculative gate | the paper's combination study |
 | ``sync`` | one static group of all requests | none | llama.cpp with an expert cache |
 | ``prefetch-gate`` | as sync | speculative gate | SpecMD / Mixtral-offloading |
 | ``prefetch-history`` | as sync | request history | FineMoE |
@@ -59,7 +59,7 @@ def _sync(name: str, prefetch: str | None = None) -> PolicyConfig:
 
 BASE_POLICIES: dict[str, PolicyConfig] = {
     "runahead": _runahead("runahead", Grouping(bottleneck=True)),
-    "runahead+prefetch": _runahead("runahead+prefetch", Grouping(), prefetch="gate"),
+    "runahead+prefetch": _runahead("runahead+prefetch", Grouping(bottleneck=True), prefetch="gate"),
     "sync": _sync("sync"),
     "prefetch-gate": _sync("prefetch-gate", prefetch="gate"),
     "prefetch-history": _sync("prefetch-history", prefetch="history"),

@@ -1,8 +1,27 @@
-"""Skip tests marked ``cuda`` where no NVIDIA GPU is at hand (``bench/cuda-check.sh`` runs them on one)."""
+"""Skip tests marked ``cuda`` where no NVIDIA GPU is at hand (``bench/cuda-check.sh`` runs them on one),
+and share the cores among pytest-xdist's workers (``pytest -n auto``, the README's command)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's compute threads (torch's, OpenMP's, in this process and in the
+    subprocesses tests start) get an equal share of the cores: two workers each running two threads
+    on two cores would spend their time waiting for each other's spinning threads."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return
+    threads = str(max(1, (os.cpu_count() or 1) // int(workers)))
+    os.environ.setdefault("OMP_NUM_THREADS", threads)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -73,6 +73,10 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["bench", "--trace", "no-such.npz"], "no-such.npz"),
         (["bench", "--backend", "torch", "--trace", "t.npz"], "--trace replays recorded routing on the sim"),
         (["bench", "paper"], "runahead bench paper needs --out DIR"),
+        (
+            ["bench", "paper", "--out", "x", "--workload", "agentic", "--steps", "8"],
+            "ignores --steps, --workload: drop them",
+        ),
         (["bench", "--workload-file", "no-such.json"], "ShareGPT file no-such.json does not exist"),
         (
             ["bench", "--workload", "agentic", "--workload-file", "no-such"],

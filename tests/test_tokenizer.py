@@ -129,3 +129,25 @@ def test_chat_and_completions_through_the_openai_client(model: Path) -> None:
         )
     assert reply.choices[0].message.content == expected_chat and expected_chat.strip()
     assert streamed == expected_text and expected_text.strip()
+
+
+def test_two_builders_of_one_model_wait_for_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes (two demos, two test workers) building the same model at once: the second
+    finds the first's folder; a build killed half-way leaves a ``.partial`` folder that is redone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("RUNAHEAD_CACHE", str(tmp_path))
+    (tmp_path / "tiny-qwen3-moe.partial").mkdir()
+    (tmp_path / "tiny-qwen3-moe.partial" / "config.json").write_text("{half")
+    with ThreadPoolExecutor(2) as pool:
+        built = list(
+            pool.map(lambda _: build_cached("tiny-qwen3-moe", TINY, "float32", progress=False), range(2))
+        )
+    assert built[0] == built[1] == tmp_path / "tiny-qwen3-moe"
+    assert (
+        json.loads((built[0] / "config.json").read_text())["num_hidden_layers"] == TINY["num_hidden_layers"]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-qwen3-moe", "tiny-qwen3-moe.lock"]
+    load_tokenizer(built[0])

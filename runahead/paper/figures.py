@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from runahead.paper.settings import BOTTLENECK, PAPER
+from runahead.paper.settings import BOTTLENECK, PAPER, PAPER_PREFETCH
 
 Row = dict[str, Any]
 
@@ -19,7 +19,7 @@ POLICY_STYLE = {
     "prefetch-history": ("FineMoE-like (prefetch-history)", "#2ca02c", "v"),
     PAPER: ("Bevy (runahead, the paper's grouping)", "#d62728", "o"),
     BOTTLENECK: ("runahead, bottleneck-aware grouping", "#ff7f0e", "*"),
-    "runahead+prefetch": ("runahead+prefetch", "#9467bd", "D"),
+    PAPER_PREFETCH: ("Bevy + prefetching (the paper's grouping)", "#9467bd", "D"),
 }
 BREAKDOWN = (
     ("overlap_fraction", "both busy", "#d62728"),
@@ -241,7 +241,7 @@ def fig7_runahead_prefetch(rows: Sequence[Row], path: Path) -> None:
     for combo in combos:
         subset = [r for r in rows if (r["profile"], r["model"], r["workload"]) == combo]
         base = {r["concurrency"]: r for r in subset if r["policy"] == PAPER}
-        both = sorted((r["concurrency"], r) for r in subset if r["policy"] == "runahead+prefetch")
+        both = sorted((r["concurrency"], r) for r in subset if r["policy"] == PAPER_PREFETCH)
         label = "/".join(combo)
         ratio.plot(
             [c for c, _ in both],

@@ -17,6 +17,10 @@ PAPER = "runahead/grouping=opportunistic"
 """The paper's system (Bevy): runahead with the paper's opportunistic grouping, named explicitly
 because plain ``runahead`` means bottleneck-aware grouping."""
 
+PAPER_PREFETCH = "runahead+prefetch/grouping=opportunistic"
+"""The paper's combination study (Fig. 7): the paper's system with the gate's prefetches, against
+:data:`PAPER` (plain ``runahead+prefetch`` uses bottleneck-aware grouping)."""
+
 BASELINES = ("sync", "prefetch-gate", "prefetch-history", PAPER)
 """llama.cpp + LFU, SpecMD (gate prefetch), FineMoE (history prefetch), Bevy."""
 
@@ -203,7 +207,7 @@ def figure_points(s: Settings) -> dict[str, list[BenchPoint | PrecisionPoint]]:
         "fig5_grouping": [*_points(s, s.ablation_workloads, grouping, main_c, s.cache_fractions)],
         "fig6_ordering": [*_points(s, s.ablation_workloads, ORDERINGS, s.ordering_concurrencies, main_f)],
         "fig7_runahead_prefetch": [
-            *_points(s, s.workloads, (PAPER, "runahead+prefetch"), s.concurrencies, main_f)
+            *_points(s, s.workloads, (PAPER, PAPER_PREFETCH), s.concurrencies, main_f)
         ],
         "fig8_barrier": [*_points(s, s.ablation_workloads, (PAPER,), s.concurrencies, main_f, (True, False))],
     }

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from runahead.paper.figures import single_job_fraction
-from runahead.paper.settings import BOTTLENECK, PAPER
+from runahead.paper.settings import BOTTLENECK, PAPER, PAPER_PREFETCH
 
 Row = dict[str, Any]
 PREFETCHERS = ("prefetch-gate", "prefetch-history")
@@ -123,7 +123,7 @@ def headline(figures: Mapping[str, Sequence[Row]]) -> dict[str, Any]:
         figures["fig7_runahead_prefetch"], "profile", "model", "workload", "concurrency"
     ).items():
         by = {r["policy"]: r for r in group}
-        both = by["runahead+prefetch"]
+        both = by[PAPER_PREFETCH]
         combo["/".join(map(str, key))] = {
             "throughput_vs_runahead": round(both["tokens_per_s"] / by[PAPER]["tokens_per_s"] - 1, 4),
             "wasted_share_of_prefetches": round(both["wasted_prefetches"] / max(1, both["prefetches"]), 3),
