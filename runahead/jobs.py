@@ -8,7 +8,8 @@ needs no experts. The job at the last layer ends in the LM head and sampling.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -44,18 +45,25 @@ _ID_ROWS: dict[int, dict[int, ExpertId]] = {}  # layer -> expert -> its id
 _KEY_OF: list[ExpertKey] = []  # id -> its key (one shared instance per expert)
 
 
-def expert_ids(layer: int, experts: Iterable[int]) -> tuple[ExpertId, ...]:
+_NUMBERING = threading.Lock()
+"""Held while new ids are numbered (first sight of an expert only): two engines in two threads of
+one process must not give one expert two ids."""
+
+
+def expert_ids(layer: int, experts: Sequence[int]) -> tuple[ExpertId, ...]:
     """The ids of ``experts`` at ``layer``, in order (new ones are numbered as they are first seen)."""
     row = _ID_ROWS.get(layer)
     if row is None:
-        row = _ID_ROWS[layer] = {}
+        with _NUMBERING:
+            row = _ID_ROWS.setdefault(layer, {})
     try:
         return tuple(map(row.__getitem__, experts))
     except KeyError:
-        for e in experts:
-            if e not in row:
-                row[e] = ExpertId(len(_KEY_OF))
-                _KEY_OF.append(ExpertKey(layer, e))
+        with _NUMBERING:
+            for e in experts:
+                if e not in row:  # the key first: a reader never sees an id without its key
+                    _KEY_OF.append(ExpertKey(layer, e))
+                    row[e] = ExpertId(len(_KEY_OF) - 1)
         return tuple(map(row.__getitem__, experts))
 
 
