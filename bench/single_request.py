@@ -9,6 +9,7 @@ difference, transformers' margin between its top two logits there (a near tie fl
 Writes OUT/results.jsonl.
 
     python bench/single_request.py --out DIR [--model PATH] [--device cuda] [--dtype bfloat16]
+        [--peer-dtypes float32]
 """
 
 from __future__ import annotations
@@ -81,6 +82,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--rounds", type=int, default=2, help="rounds of all systems in turn; best of each")
+    parser.add_argument(
+        "--peer-dtypes",
+        default="float32,bfloat16",
+        help="transformers' dtypes on CPU (comma-separated; a CPU without bf16 instructions runs bf16 "
+        "generate ~100x slower than float32, so there 'float32' alone is its fastest)",
+    )
     args = parser.parse_args()
     path = args.model or str(medium_model())
     point = TorchPoint(
@@ -97,7 +104,7 @@ def main() -> None:
     )
     # Rounds of every system in turn, best tokens/s of each: on a shared machine a load spike hits
     # one system's run, not all of one system's runs.
-    peers = [args.dtype] if args.device != "cpu" else ["float32", "bfloat16"]
+    peers = [args.dtype] if args.device != "cpu" else args.peer_dtypes.split(",")
     ours_runs: list[dict[str, Any]] = []
     peer_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in peers}
     for _ in range(args.rounds):
