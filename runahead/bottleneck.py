@@ -134,7 +134,7 @@ def hold_until(
     rule). Pure and deterministic.
     """
     g_ready = group_s(ready)
-    limit = _layer_done(now, ready, waiting, 0, group_s) if tail else max(link_free_at, now + g_ready)
+    limit = _layer_done(now, g_ready, waiting, 0, group_s) if tail else max(link_free_at, now + g_ready)
     best, best_gain = None, 0.0
     held: list[Job] = []
     for k, (at, job) in enumerate(waiting, 1):
@@ -144,23 +144,23 @@ def hold_until(
         gain = g_ready + group_s(held) - together - (start - now)
         if gain <= best_gain + 1e-12:
             continue
-        end = _layer_done(now, ready, waiting, k, group_s) if tail else start + together
+        end = _layer_done(start, together, waiting, k, group_s) if tail else start + together
         if end <= limit + 1e-12:
             best, best_gain = start, gain
     return best
 
 
 def _layer_done(
-    now: float,
-    ready: Sequence[Job],
+    start: float,
+    first_s: float,
     waiting: Sequence[tuple[float, Job]],
     k: int,
     group_s: Callable[[Sequence[Job]], float],
 ) -> float:
-    """When the layer's last group ends: ``ready`` with the first ``k`` waiting jobs as one group once
-    the k-th is ready, then the others as one group once the last is ready."""
-    start = max(now, waiting[k - 1][0]) if k else now
-    done = start + group_s([*ready, *(job for _, job in waiting[:k])])
+    """When the layer's last group ends: the ready jobs with the first ``k`` waiting ones as one group
+    from ``start`` (when the k-th is ready), taking ``first_s`` (priced by the caller), then the
+    others as one group once the last is ready."""
+    done = start + first_s
     if k < len(waiting):
         done = max(done, waiting[-1][0]) + group_s([job for _, job in waiting[k:]])
     return done
