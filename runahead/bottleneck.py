@@ -5,8 +5,9 @@ blocked jobs, the cache's state of their experts, the link's and the compute uni
 :meth:`runahead.scheduling.ComputeQueue.plan` asks :func:`hold_until` whether to compute the
 paper's opportunistic group now or :class:`Hold` it for jobs of the same layer whose reads are
 landing (:func:`landing_times`). :class:`ComputeFit` estimates a group's compute time for backends
-without a cost model. Beyond the paper; plain ``runahead`` (or ``runahead/grouping=bottleneck``)
-uses it, ``runahead/grouping=opportunistic`` is the paper's rule.
+without a cost model; a backend with one prices candidate groups job by job (:class:`RunningGroup`).
+Beyond the paper; plain ``runahead`` (or ``runahead/grouping=bottleneck``) uses it,
+``runahead/grouping=opportunistic`` is the paper's rule.
 """
 
 from __future__ import annotations
@@ -14,9 +15,46 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from runahead.cache import EntryState
 from runahead.jobs import ExpertId, Job
+
+
+class RunningGroup(Protocol):
+    """A group's compute seconds as it grows by one job at a time.
+
+    :meth:`seconds` must equal the plain ``group_s`` of the jobs added so far, in the order added,
+    bit for bit (the rule compares candidates' costs: a last-bit difference could change a decision).
+    """
+
+    def add(self, job: Job) -> None: ...
+
+    def seconds(self) -> float: ...
+
+
+GroupPricer = Callable[[Iterable[Job]], RunningGroup]
+"""A running group holding the given jobs (in order), to grow by :meth:`RunningGroup.add`."""
+
+
+@dataclass(slots=True)
+class Regrouped:
+    """A :class:`RunningGroup` for a plain ``group_s``: it keeps the jobs and prices them all at each
+    :meth:`seconds` (what :func:`hold_until` does without a pricer)."""
+
+    group_s: Callable[[Sequence[Job]], float]
+    jobs: list[Job]
+
+    @classmethod
+    def pricer(cls, group_s: Callable[[Sequence[Job]], float]) -> GroupPricer:
+        """A :data:`GroupPricer` of ``group_s``."""
+        return lambda jobs: cls(group_s, list(jobs))
+
+    def add(self, job: Job) -> None:
+        self.jobs.append(job)
+
+    def seconds(self) -> float:
+        return self.group_s(self.jobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +77,9 @@ class Outlook:
     tail_layer: int | None = None
     """The layer whose computed jobs reveal no read the link could start before the step barrier
     releases the next token (the last layer, with the barrier on); None without a barrier."""
+    pricer: GroupPricer | None = None
+    """``group_s`` job by job (a backend's cost model: :meth:`runahead.costs.CostModel.group_cost`);
+    None: the rule calls ``group_s`` on each whole candidate group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +151,7 @@ def hold_until(
     group_s: Callable[[Sequence[Job]], float],
     *,
     tail: bool = False,
+    pricer: GroupPricer | None = None,
 ) -> float | None:
     """Whether to hold the ready group back: None (compute it now) or the time to wait until.
 
@@ -131,38 +173,38 @@ def hold_until(
       and the rest as one group once the last is ready would.
 
     Of the candidates, the one saving the most compute net of the wait; none: None (the paper's
-    rule). Pure and deterministic.
+    rule). Pure and deterministic. ``g`` is ``group_s``; with a ``pricer`` (the same costs job by
+    job, bit for bit) the two groups of option ``k`` are option ``k - 1``'s grown by one job.
     """
-    g_ready = group_s(ready)
-    limit = _layer_done(now, g_ready, waiting, 0, group_s) if tail else max(link_free_at, now + g_ready)
+    price = pricer if pricer is not None else Regrouped.pricer(group_s)
+    together = price(ready)  # the ready group, then grown by each waiting job in turn
+    g_ready = together.seconds()
+    limit = _layer_done(now, g_ready, waiting, 0, price) if tail else max(link_free_at, now + g_ready)
     best, best_gain = None, 0.0
-    held: list[Job] = []
+    held = price(())
     for k, (at, job) in enumerate(waiting, 1):
-        held.append(job)
+        together.add(job)
+        held.add(job)
         start = max(now, at)
-        together = group_s([*ready, *held])
-        gain = g_ready + group_s(held) - together - (start - now)
+        g_together = together.seconds()
+        gain = g_ready + held.seconds() - g_together - (start - now)
         if gain <= best_gain + 1e-12:
             continue
-        end = _layer_done(start, together, waiting, k, group_s) if tail else start + together
+        end = _layer_done(start, g_together, waiting, k, price) if tail else start + g_together
         if end <= limit + 1e-12:
             best, best_gain = start, gain
     return best
 
 
 def _layer_done(
-    start: float,
-    first_s: float,
-    waiting: Sequence[tuple[float, Job]],
-    k: int,
-    group_s: Callable[[Sequence[Job]], float],
+    start: float, first_s: float, waiting: Sequence[tuple[float, Job]], k: int, price: GroupPricer
 ) -> float:
     """When the layer's last group ends: the ready jobs with the first ``k`` waiting ones as one group
     from ``start`` (when the k-th is ready), taking ``first_s`` (priced by the caller), then the
     others as one group once the last is ready."""
     done = start + first_s
     if k < len(waiting):
-        done = max(done, waiting[-1][0]) + group_s([job for _, job in waiting[k:]])
+        done = max(done, waiting[-1][0]) + price([job for _, job in waiting[k:]]).seconds()
     return done
 
 

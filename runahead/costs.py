@@ -26,10 +26,15 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from functools import reduce
+from operator import add
 
 from runahead.jobs import ENTRY_LAYER
 from runahead.specs import HardwareProfile, ModelSpec
+
+_TERMS_KEPT = 1 << 14
+"""Jobs' attention terms a :class:`CostModel` keeps (contexts grow every step: old ones go stale)."""
 
 
 class CostModel:
@@ -45,6 +50,12 @@ class CostModel:
         self._lm_head_bytes = model.lm_head_params * bits
         self._embedding_row_bytes = model.hidden_size * bits
         self._bandwidth = profile.effective_memory_bandwidth
+        self._routed_params = model.top_k * model.expert_params
+        self._ffn_shared_params = model.ffn_shared_params_per_layer
+        self._attention_params = model.attention_params_per_layer
+        self._lm_head_params = model.lm_head_params
+        self._last_layer = model.num_layers - 1
+        self._terms: dict[tuple[int, int], tuple[int, float]] = {}  # (layer, context) -> a job's terms
 
     # --- compute ----------------------------------------------------------------------------
 
@@ -74,8 +85,7 @@ class CostModel:
             moe_only=moe_only,
             routed_fraction=routed_fraction,
         )
-        overhead = self.profile.group_overhead_s + len(num_tokens) * self.profile.job_overhead_s
-        return overhead + max(memory_bytes / self._bandwidth, flops / self.profile.peak_flops)
+        return self._seconds(len(num_tokens), memory_bytes, flops)
 
     def group_bytes_and_flops(
         self,
@@ -93,34 +103,27 @@ class CostModel:
         (a prefill chunk): it reads only its own experts, for ``routed_fraction`` of the chunk's
         token-expert pairs; the final wave pays for the rest of the job.
         """
-        model = self.model
         self._check(layer, num_tokens, context_lengths, distinct_experts)
         tokens = sum(num_tokens)
         if moe_only:
+            model = self.model
             flops = 2.0 * tokens * model.top_k * model.expert_params * routed_fraction
             return float(distinct_experts * self._expert_bytes), flops
-        if layer == ENTRY_LAYER:
-            memory_bytes = tokens * self._embedding_row_bytes
-            flops = 0.0
-        else:
-            routed = distinct_experts * self._expert_bytes
-            memory_bytes = routed + self._ffn_shared_bytes
-            flops = (
-                2.0
-                * tokens
-                * (model.top_k * model.expert_params * routed_fraction + model.ffn_shared_params_per_layer)
-            )
-        if layer == model.num_layers - 1:
-            memory_bytes += self._lm_head_bytes
-            flops += 2.0 * len(num_tokens) * model.lm_head_params  # only the sampled position needs logits
+        memory_bytes, flops = self._group_terms(
+            layer, len(num_tokens), tokens, distinct_experts, routed_fraction
+        )
+        if layer == self._last_layer:
             return memory_bytes, flops
         next_layer = layer + 1
-        memory_bytes += self._attention_bytes
-        flops += 2.0 * tokens * model.attention_params_per_layer
         for n, context in zip(num_tokens, context_lengths, strict=True):
-            memory_bytes += model.attention_state_bytes(next_layer, context)
-            flops += n * self._attention_flops_per_token(next_layer, context)
+            state_bytes, flops_per_token = self._job_terms(next_layer, context)
+            memory_bytes += state_bytes
+            flops += n * flops_per_token
         return memory_bytes, flops
+
+    def group_cost(self, layer: int) -> GroupCost:
+        """An empty group at ``layer``, priced job by job (:class:`GroupCost`)."""
+        return GroupCost(self, layer)
 
     def step_compute_time(
         self,
@@ -167,6 +170,43 @@ class CostModel:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def _group_terms(
+        self, layer: int, jobs: int, tokens: int, distinct_experts: int, routed_fraction: float
+    ) -> tuple[float, float]:
+        """Bytes and flops of a group of ``jobs`` jobs (``tokens`` tokens) at ``layer`` but for
+        each job's own attention state (:meth:`_job_terms`, added job after job by the caller)."""
+        if layer == ENTRY_LAYER:
+            memory_bytes = tokens * self._embedding_row_bytes
+            flops = 0.0
+        else:
+            memory_bytes = distinct_experts * self._expert_bytes + self._ffn_shared_bytes
+            flops = 2.0 * tokens * (self._routed_params * routed_fraction + self._ffn_shared_params)
+        if layer == self._last_layer:
+            memory_bytes += self._lm_head_bytes
+            flops += 2.0 * jobs * self._lm_head_params  # only the sampled position needs logits
+        else:
+            memory_bytes += self._attention_bytes
+            flops += 2.0 * tokens * self._attention_params
+        return memory_bytes, flops
+
+    def _job_terms(self, layer: int, context: int) -> tuple[int, float]:
+        """One job's attention state at ``layer`` with ``context`` tokens: its bytes and its flops
+        per token. Kept per (layer, context) (a job is priced at each decision it waits through, and
+        computed once), forgotten ``_TERMS_KEPT`` entries at a time."""
+        key = (layer, context)
+        terms = self._terms.get(key)
+        if terms is None:
+            if len(self._terms) >= _TERMS_KEPT:
+                self._terms.clear()
+            state_bytes = self.model.attention_state_bytes(layer, context)
+            terms = self._terms[key] = state_bytes, self._attention_flops_per_token(layer, context)
+        return terms
+
+    def _seconds(self, jobs: int, memory_bytes: float, flops: float) -> float:
+        """A group's seconds from its bytes and flops: overheads plus the roofline's bound."""
+        overhead = self.profile.group_overhead_s + jobs * self.profile.job_overhead_s
+        return overhead + max(memory_bytes / self._bandwidth, flops / self.profile.peak_flops)
+
     def _attention_flops_per_token(self, layer: int, context: int) -> float:
         model = self.model
         if model.is_full_attention(layer) or model.sliding_window > 0:
@@ -177,14 +217,70 @@ class CostModel:
     def _check(
         self, layer: int, num_tokens: Sequence[int], context_lengths: Sequence[int], distinct_experts: int
     ) -> None:
-        model = self.model
-        if not ENTRY_LAYER <= layer < model.num_layers:
-            raise ValueError(f"layer {layer} out of range [{ENTRY_LAYER}, {model.num_layers - 1}]")
+        self._check_layer(layer)
         if not num_tokens:
             raise ValueError("a group needs at least one job")
         if len(num_tokens) != len(context_lengths):
             raise ValueError(f"{len(num_tokens)} token counts but {len(context_lengths)} context lengths")
-        if min(num_tokens) < 1 or min(context_lengths) < 0:
-            raise ValueError("token counts must be >= 1 and context lengths >= 0")
-        if layer != ENTRY_LAYER and not 0 <= distinct_experts <= model.num_experts:
-            raise ValueError(f"distinct_experts {distinct_experts} out of range [0, {model.num_experts}]")
+        _check_job(min(num_tokens), min(context_lengths))
+        self._check_distinct(layer, distinct_experts)
+
+    def _check_layer(self, layer: int) -> None:
+        if not ENTRY_LAYER <= layer <= self._last_layer:
+            raise ValueError(f"layer {layer} out of range [{ENTRY_LAYER}, {self._last_layer}]")
+
+    def _check_distinct(self, layer: int, distinct_experts: int) -> None:
+        experts = self.model.num_experts
+        if layer != ENTRY_LAYER and not 0 <= distinct_experts <= experts:
+            raise ValueError(f"distinct_experts {distinct_experts} out of range [0, {experts}]")
+
+
+def _check_job(num_tokens: int, context_length: int) -> None:
+    if num_tokens < 1 or context_length < 0:
+        raise ValueError("token counts must be >= 1 and context lengths >= 0")
+
+
+class GroupCost:
+    """One group's compute seconds, built job by job (bottleneck grouping prices candidate groups
+    that grow by one job at a time).
+
+    After any sequence of :meth:`add`, :meth:`seconds` equals :meth:`CostModel.compute_time` of those
+    jobs in that order (whole jobs: ``routed_fraction`` 1), bit for bit: the running counts are
+    integers, and each job's attention terms are kept as computed and summed in the same order onto
+    the same group terms. An ``add`` prices only its own job; :meth:`seconds` is a sum in C.
+    """
+
+    __slots__ = ("_costs", "_flops", "_state_bytes", "experts", "jobs", "layer", "tokens")
+
+    def __init__(self, costs: CostModel, layer: int) -> None:
+        costs._check_layer(layer)
+        self._costs = costs
+        self.layer = layer
+        self.jobs = 0
+        self.tokens = 0
+        self.experts: set[int] = set()
+        self._state_bytes: list[int] = []  # each job's attention-state bytes, in order
+        self._flops: list[float] = []  # each job's attention flops, in order
+
+    def add(self, num_tokens: int, context: int, experts: Iterable[int]) -> None:
+        """Add a job of ``num_tokens`` tokens attending over ``context`` through ``experts``."""
+        _check_job(num_tokens, context)
+        self.jobs += 1
+        self.tokens += num_tokens
+        self.experts.update(experts)
+        if self.layer != self._costs._last_layer:
+            state_bytes, flops_per_token = self._costs._job_terms(self.layer + 1, context)
+            self._state_bytes.append(state_bytes)
+            self._flops.append(num_tokens * flops_per_token)
+
+    def seconds(self) -> float:
+        """Compute seconds of the jobs added so far, as one group."""
+        costs, layer = self._costs, self.layer
+        if not self.jobs:
+            raise ValueError("a group needs at least one job")
+        distinct = len(self.experts)
+        costs._check_distinct(layer, distinct)
+        memory_bytes, flops = costs._group_terms(layer, self.jobs, self.tokens, distinct, 1.0)
+        memory_bytes = reduce(add, self._state_bytes, memory_bytes)
+        flops = reduce(add, self._flops, flops)
+        return costs._seconds(self.jobs, memory_bytes, flops)

@@ -177,7 +177,15 @@ class ComputeQueue:
                     outlook.now, outlook.blocked, outlook.state, outlook.fetch_s
                 )
                 waiting = sorted(((landing[job.request], job) for job in same), key=landing_order)
-                deadline = hold_until(outlook.now, members, waiting, link_free_at, outlook.group_s, tail=tail)
+                deadline = hold_until(
+                    outlook.now,
+                    members,
+                    waiting,
+                    link_free_at,
+                    outlook.group_s,
+                    tail=tail,
+                    pricer=outlook.pricer,
+                )
                 if deadline is not None:
                     return Hold(deadline)
         return self.select_group(positions, lanes)

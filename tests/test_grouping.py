@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from functools import partial
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runahead.actors.scheduler import PricedGroup
 from runahead.backends.sim import FixedCosts, sim_token
 from runahead.bottleneck import (
     HOLD_MIN_COMPUTE_SHARE,
@@ -16,12 +19,15 @@ from runahead.bottleneck import (
     Hold,
     Outlook,
     hold_until,
+    landing_order,
     landing_times,
 )
 from runahead.cache import EntryState
-from runahead.jobs import ExpertId, ExpertKey, Group, Job, RequestSpec, expert_key
+from runahead.costs import CostModel
+from runahead.jobs import ExpertId, ExpertKey, Group, Job, RequestSpec, distinct_experts, expert_key
 from runahead.policy import parse_policy
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
+from runahead.specs import load_model_spec, load_profile
 
 from simhelpers import random_trace, simulate
 
@@ -217,6 +223,48 @@ def test_plan_is_select_group_for_the_papers_grouping_and_without_an_outlook() -
         queue.add(job(2, 5))
         choice = queue.plan({}, {}, view)
         assert isinstance(choice, Group) and choice.layer == 3
+
+
+QWEN_THOR = CostModel(load_model_spec("qwen3.6-35b-a3b"), load_profile("thor"))
+JOB_SPEC = st.tuples(
+    st.lists(st.integers(0, 255), min_size=1, max_size=8, unique=True),  # experts
+    st.integers(0, 3),  # step
+    st.sampled_from([1, 1, 1, 64, 256]),  # tokens: decode or a prefill chunk
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from([0, 7, 20, 38, 39]),  # the layer (39: the last)
+    st.lists(JOB_SPEC, min_size=1, max_size=4),  # ready
+    st.lists(st.tuples(st.floats(0.0, 0.006), JOB_SPEC), min_size=1, max_size=8),  # waiting
+    st.floats(0.0, 0.02),  # when the link runs out of revealed reads
+    st.booleans(),  # the tail
+)
+def test_candidates_priced_job_by_job_decide_as_whole_groups(  # type: ignore[no-untyped-def]
+    layer, ready_spec, waiting_spec, link_free_at, tail
+) -> None:
+    """The scheduler's pricer (the cost model job by job) gives the rule the prices the whole groups
+    have, bit for bit, so it holds (or not) until the same time as pricing each candidate anew."""
+    requests = {r: RequestSpec(r, 8, prompt_tokens=97 * r) for r in range(12)}
+
+    def whole(jobs: Sequence[Job]) -> float:  # the scheduler's group_s: each group in one call
+        contexts = [requests[j.request].prompt_tokens + j.step + j.num_tokens for j in jobs]
+        return QWEN_THOR.compute_time(layer, [j.num_tokens for j in jobs], contexts, distinct_experts(jobs))
+
+    def make(request: int, spec: tuple[list[int], int, int]) -> Job:
+        experts, step, tokens = spec
+        return Job(request, step, layer, tuple(experts), lane=request, num_tokens=tokens)
+
+    ready = [make(r, spec) for r, spec in enumerate(ready_spec)]
+    waiting = sorted(
+        ((at, make(len(ready) + i, spec)) for i, (at, spec) in enumerate(waiting_spec)), key=landing_order
+    )
+    pricer = partial(PricedGroup, QWEN_THOR, requests)
+    everyone = [*ready, *(j for _, j in waiting)]
+    assert pricer(everyone).seconds().hex() == whole(everyone).hex()
+    plain = hold_until(0.0, ready, waiting, link_free_at, whole, tail=tail)
+    assert hold_until(0.0, ready, waiting, link_free_at, whole, tail=tail, pricer=pricer) == plain
 
 
 @settings(max_examples=200, deadline=None)

@@ -7,6 +7,8 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runahead.costs import CostModel
 from runahead.jobs import ENTRY_LAYER
@@ -199,3 +201,50 @@ def test_local_layers_cap_attention_state() -> None:
         == qwen.attention_state_bytes(0, 10)
         == 2 * qwen.linear_state_bytes
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["qwen3.6-35b-a3b", "gemma4-26b-a4b"]),  # linear / sliding-window local layers
+    st.sampled_from(["thor", "mac-mini"]),
+    st.integers(ENTRY_LAYER, 60),  # past the last layer: the last layer
+    st.lists(
+        st.tuples(st.integers(1, 600), st.integers(0, 50_000), st.lists(st.integers(0, 255), max_size=10)),
+        min_size=1,
+        max_size=16,
+    ),
+)
+def test_a_group_priced_job_by_job_is_compute_time_bit_for_bit(
+    name: str, profile: str, layer: int, jobs: list[tuple[int, int, list[int]]]
+) -> None:
+    """Bottleneck grouping compares candidates' prices: the running price must be the whole group's
+    to the last bit after every job added (token counts, contexts and shared experts at random)."""
+    spec = load_model_spec(name)
+    costs = CostModel(spec, load_profile(profile))
+    layer = min(layer, spec.num_layers - 1)
+    group = costs.group_cost(layer)
+    tokens: list[int] = []
+    contexts: list[int] = []
+    seen: set[int] = set()
+    for num_tokens, context, picked in jobs:
+        experts = [e % spec.num_experts for e in picked] if layer != ENTRY_LAYER else []
+        group.add(num_tokens, context, experts)
+        tokens.append(num_tokens)
+        contexts.append(context)
+        seen.update(experts)
+        whole = costs.compute_time(layer, tokens, contexts, len(seen))
+        assert group.seconds().hex() == whole.hex()
+
+
+def test_a_group_priced_job_by_job_rejects_what_compute_time_rejects() -> None:
+    costs = CostModel(*_toy())
+    with pytest.raises(ValueError, match="layer 4 out of range"):
+        costs.group_cost(4)
+    with pytest.raises(ValueError, match="at least one job"):
+        costs.group_cost(0).seconds()
+    with pytest.raises(ValueError, match="token counts must be >= 1"):
+        costs.group_cost(0).add(0, 5, ())
+    group = costs.group_cost(0)
+    group.add(1, 5, range(9))
+    with pytest.raises(ValueError, match="distinct_experts 9"):
+        group.seconds()

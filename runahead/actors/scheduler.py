@@ -23,13 +23,15 @@ the compute unit itself is broken: the scheduler then stops the runtime with
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import Protocol
 
 from runahead.backend import Backend, BrokenPromise
-from runahead.bottleneck import ComputeFit, Hold, Outlook, may_hold
+from runahead.bottleneck import ComputeFit, GroupPricer, Hold, Outlook, may_hold
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
+from runahead.costs import CostModel, GroupCost
 from runahead.health import Health, RuntimeBroken
 from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, distinct_experts, job_ids
 from runahead.mailbox import Handoff, Mailbox, Outbox
@@ -88,6 +90,9 @@ class ComputeScheduler:
         self.blocked: dict[int, Job] = {}  # jobs sent to the issuer and not back as ready yet
         self._bottleneck = queue.grouping.bottleneck
         self._model = getattr(backend, "costs", None)  # the sim's cost model, if any
+        self._pricer: GroupPricer | None = None  # a CostModel's prices, job by job
+        if isinstance(self._model, CostModel):
+            self._pricer = partial(PricedGroup, self._model, self.requests)
         self._fit = ComputeFit()
         self._awaiting_reply = False
         self._closing = False
@@ -144,6 +149,7 @@ class ComputeScheduler:
             self._group_s,
             share,
             self.last_layer if self.barrier.enabled else None,
+            self._pricer,
         )
 
     def _group_s(self, jobs: Sequence[Job]) -> float:
@@ -151,7 +157,7 @@ class ComputeScheduler:
         if self._model is None:
             return self._fit(len(jobs))
         requests = self.requests
-        contexts = [requests[job.request].prompt_tokens + job.step + job.num_tokens for job in jobs]
+        contexts = [_context(requests, job) for job in jobs]
         return float(
             self._model.compute_time(
                 jobs[0].layer, [job.num_tokens for job in jobs], contexts, distinct_experts(jobs)
@@ -322,3 +328,32 @@ class ComputeScheduler:
         for job in jobs:
             self.positions[job.request] = job.progress
             self.queue.add(job)
+
+
+class PricedGroup:
+    """:meth:`ComputeScheduler._group_s` job by job, through the cost model's
+    :meth:`runahead.costs.CostModel.group_cost` (a :class:`runahead.bottleneck.RunningGroup`)."""
+
+    __slots__ = ("_cost", "_model", "_requests")
+
+    def __init__(self, model: CostModel, requests: Mapping[int, RequestSpec], jobs: Iterable[Job]) -> None:
+        self._model, self._requests = model, requests
+        self._cost: GroupCost | None = None
+        for job in jobs:
+            self.add(job)
+
+    def add(self, job: Job) -> None:
+        cost = self._cost
+        if cost is None:  # the layer is the first job's
+            cost = self._cost = self._model.group_cost(job.layer)
+        cost.add(job.num_tokens, _context(self._requests, job), job.experts)
+
+    def seconds(self) -> float:
+        if self._cost is None:
+            raise ValueError("a group needs at least one job")
+        return self._cost.seconds()
+
+
+def _context(requests: Mapping[int, RequestSpec], job: Job) -> int:
+    """The tokens a job's attention reads, its own included (what the cost model prices)."""
+    return requests[job.request].prompt_tokens + job.step + job.num_tokens
