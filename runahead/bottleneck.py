@@ -78,7 +78,7 @@ class Outlook:
     """The layer whose computed jobs reveal no read the link could start before the step barrier
     releases the next token (the last layer, with the barrier on); None without a barrier."""
     pricer: GroupPricer | None = None
-    """``group_s`` job by job (a backend's cost model: :meth:`runahead.costs.CostModel.group_cost`);
+    """``group_s`` job by job (a backend's cost model: :class:`runahead.costs.GroupCost`);
     None: the rule calls ``group_s`` on each whole candidate group."""
 
 

@@ -26,15 +26,13 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from functools import reduce
 from operator import add
 
-from runahead.jobs import ENTRY_LAYER
+from runahead.jobs import ENTRY_LAYER, Job
 from runahead.specs import HardwareProfile, ModelSpec
-
-_TERMS_KEPT = 1 << 14
-"""Jobs' attention terms a :class:`CostModel` keeps (contexts grow every step: old ones go stale)."""
 
 
 class CostModel:
@@ -55,7 +53,16 @@ class CostModel:
         self._attention_params = model.attention_params_per_layer
         self._lm_head_params = model.lm_head_params
         self._last_layer = model.num_layers - 1
-        self._terms: dict[tuple[int, int], tuple[int, float]] = {}  # (layer, context) -> a job's terms
+        # a job's attention at each layer: over at most ``window`` tokens (the whole context: the
+        # largest int), or None: a linear-attention state, the same terms at any context
+        self._windows = [
+            sys.maxsize if model.is_full_attention(layer) else model.sliding_window or None
+            for layer in range(model.num_layers)
+        ]
+        self._kv_bytes = model.kv_bytes_per_token
+        self._heads, self._head_dim = model.num_attention_heads, model.head_dim
+        linear = model.linear_state_bytes  # f32 state: read-multiply-add per element, twice
+        self._linear_terms = 2 * linear, 4.0 * linear / 4
 
     # --- compute ----------------------------------------------------------------------------
 
@@ -120,10 +127,6 @@ class CostModel:
             memory_bytes += state_bytes
             flops += n * flops_per_token
         return memory_bytes, flops
-
-    def group_cost(self, layer: int) -> GroupCost:
-        """An empty group at ``layer``, priced job by job (:class:`GroupCost`)."""
-        return GroupCost(self, layer)
 
     def step_compute_time(
         self,
@@ -190,29 +193,19 @@ class CostModel:
         return memory_bytes, flops
 
     def _job_terms(self, layer: int, context: int) -> tuple[int, float]:
-        """One job's attention state at ``layer`` with ``context`` tokens: its bytes and its flops
-        per token. Kept per (layer, context) (a job is priced at each decision it waits through, and
-        computed once), forgotten ``_TERMS_KEPT`` entries at a time."""
-        key = (layer, context)
-        terms = self._terms.get(key)
-        if terms is None:
-            if len(self._terms) >= _TERMS_KEPT:
-                self._terms.clear()
-            state_bytes = self.model.attention_state_bytes(layer, context)
-            terms = self._terms[key] = state_bytes, self._attention_flops_per_token(layer, context)
-        return terms
+        """One job's attention state at ``layer`` over ``context`` tokens: its bytes
+        (:meth:`ModelSpec.attention_state_bytes`: KV read, or a linear-attention state read and
+        written back) and its flops per token (QK^T and AV over the tokens it attends)."""
+        window = self._windows[layer]
+        if window is None:
+            return self._linear_terms
+        attended = min(context, window)
+        return attended * self._kv_bytes, 4.0 * attended * self._heads * self._head_dim
 
     def _seconds(self, jobs: int, memory_bytes: float, flops: float) -> float:
         """A group's seconds from its bytes and flops: overheads plus the roofline's bound."""
         overhead = self.profile.group_overhead_s + jobs * self.profile.job_overhead_s
         return overhead + max(memory_bytes / self._bandwidth, flops / self.profile.peak_flops)
-
-    def _attention_flops_per_token(self, layer: int, context: int) -> float:
-        model = self.model
-        if model.is_full_attention(layer) or model.sliding_window > 0:
-            attended = context if model.is_full_attention(layer) else min(context, model.sliding_window)
-            return 4.0 * attended * model.num_attention_heads * model.head_dim  # QK^T and AV
-        return 4.0 * model.linear_state_bytes / 4  # f32 state: read-multiply-add per element, twice
 
     def _check(
         self, layer: int, num_tokens: Sequence[int], context_lengths: Sequence[int], distinct_experts: int
@@ -241,42 +234,48 @@ def _check_job(num_tokens: int, context_length: int) -> None:
 
 
 class GroupCost:
-    """One group's compute seconds, built job by job (bottleneck grouping prices candidate groups
-    that grow by one job at a time).
+    """One group's compute seconds as it grows by one job at a time (bottleneck grouping's candidate
+    groups: a :class:`runahead.bottleneck.RunningGroup`).
 
     After any sequence of :meth:`add`, :meth:`seconds` equals :meth:`CostModel.compute_time` of those
-    jobs in that order (whole jobs: ``routed_fraction`` 1), bit for bit: the running counts are
+    jobs in that order (whole jobs: ``routed_fraction`` 1) at the first job's layer, with
+    ``context(job)`` the tokens each job's attention reads, bit for bit: the running counts are
     integers, and each job's attention terms are kept as computed and summed in the same order onto
-    the same group terms. An ``add`` prices only its own job; :meth:`seconds` is a sum in C.
+    the same group terms. An ``add`` prices only its own job; :meth:`seconds` sums in C.
     """
 
-    __slots__ = ("_costs", "_flops", "_state_bytes", "experts", "jobs", "layer", "tokens")
+    __slots__ = ("_context", "_costs", "_flops", "_state_bytes", "experts", "jobs", "layer", "tokens")
 
-    def __init__(self, costs: CostModel, layer: int) -> None:
-        costs._check_layer(layer)
-        self._costs = costs
-        self.layer = layer
+    def __init__(self, costs: CostModel, context: Callable[[Job], int], jobs: Iterable[Job] = ()) -> None:
+        self._costs, self._context = costs, context
+        self.layer: int | None = None  # the first job's
         self.jobs = 0
         self.tokens = 0
         self.experts: set[int] = set()
         self._state_bytes: list[int] = []  # each job's attention-state bytes, in order
         self._flops: list[float] = []  # each job's attention flops, in order
+        for job in jobs:
+            self.add(job)
 
-    def add(self, num_tokens: int, context: int, experts: Iterable[int]) -> None:
-        """Add a job of ``num_tokens`` tokens attending over ``context`` through ``experts``."""
+    def add(self, job: Job) -> None:
+        costs, layer = self._costs, self.layer
+        if layer is None:
+            costs._check_layer(job.layer)
+            layer = self.layer = job.layer
+        num_tokens, context = job.num_tokens, self._context(job)
         _check_job(num_tokens, context)
         self.jobs += 1
         self.tokens += num_tokens
-        self.experts.update(experts)
-        if self.layer != self._costs._last_layer:
-            state_bytes, flops_per_token = self._costs._job_terms(self.layer + 1, context)
+        self.experts.update(job.experts)
+        if layer != costs._last_layer:
+            state_bytes, flops_per_token = costs._job_terms(layer + 1, context)
             self._state_bytes.append(state_bytes)
             self._flops.append(num_tokens * flops_per_token)
 
     def seconds(self) -> float:
         """Compute seconds of the jobs added so far, as one group."""
         costs, layer = self._costs, self.layer
-        if not self.jobs:
+        if layer is None:
             raise ValueError("a group needs at least one job")
         distinct = len(self.experts)
         costs._check_distinct(layer, distinct)

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runahead.actors.scheduler import PricedGroup
 from runahead.backends.sim import FixedCosts, sim_token
 from runahead.bottleneck import (
     HOLD_MIN_COMPUTE_SHARE,
@@ -23,7 +22,7 @@ from runahead.bottleneck import (
     landing_times,
 )
 from runahead.cache import EntryState
-from runahead.costs import CostModel
+from runahead.costs import CostModel, GroupCost
 from runahead.jobs import ExpertId, ExpertKey, Group, Job, RequestSpec, distinct_experts, expert_key
 from runahead.policy import parse_policy
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
@@ -248,8 +247,11 @@ def test_candidates_priced_job_by_job_decide_as_whole_groups(  # type: ignore[no
     have, bit for bit, so it holds (or not) until the same time as pricing each candidate anew."""
     requests = {r: RequestSpec(r, 8, prompt_tokens=97 * r) for r in range(12)}
 
+    def context(job: Job) -> int:
+        return requests[job.request].prompt_tokens + job.step + job.num_tokens
+
     def whole(jobs: Sequence[Job]) -> float:  # the scheduler's group_s: each group in one call
-        contexts = [requests[j.request].prompt_tokens + j.step + j.num_tokens for j in jobs]
+        contexts = list(map(context, jobs))
         return QWEN_THOR.compute_time(layer, [j.num_tokens for j in jobs], contexts, distinct_experts(jobs))
 
     def make(request: int, spec: tuple[list[int], int, int]) -> Job:
@@ -260,7 +262,7 @@ def test_candidates_priced_job_by_job_decide_as_whole_groups(  # type: ignore[no
     waiting = sorted(
         ((at, make(len(ready) + i, spec)) for i, (at, spec) in enumerate(waiting_spec)), key=landing_order
     )
-    pricer = partial(PricedGroup, QWEN_THOR, requests)
+    pricer = partial(GroupCost, QWEN_THOR, context)
     everyone = [*ready, *(j for _, j in waiting)]
     assert pricer(everyone).seconds().hex() == whole(everyone).hex()
     plain = hold_until(0.0, ready, waiting, link_free_at, whole, tail=tail)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runahead.costs import CostModel
-from runahead.jobs import ENTRY_LAYER
+from runahead.costs import CostModel, GroupCost
+from runahead.jobs import ENTRY_LAYER, Job
 from runahead.specs import (
     HardwareProfile,
     ModelSpec,
@@ -191,6 +191,21 @@ def test_compute_time_rejects_bad_groups() -> None:
         costs.compute_time(0, [1, 1], [1], 1)
 
 
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_the_cost_model_reads_each_jobs_attention_state_as_the_spec_says(name: str) -> None:
+    spec = load_model_spec(name)
+    costs = CostModel(spec, load_profile("thor"))
+    for layer in range(spec.num_layers):
+        for context in (0, 1, 700, 1024, 5000, 300_000):
+            state_bytes, flops_per_token = costs._job_terms(layer, context)
+            assert state_bytes == spec.attention_state_bytes(layer, context)
+            # a linear-attention state: 4 flops per f32 element; other layers attend over their KV
+            kv_tokens = state_bytes // spec.kv_bytes_per_token
+            linear = not spec.is_full_attention(layer) and spec.sliding_window == 0
+            heads = spec.num_attention_heads * spec.head_dim
+            assert flops_per_token == (spec.linear_state_bytes if linear else 4 * kv_tokens * heads)
+
+
 def test_local_layers_cap_attention_state() -> None:
     gemma = load_model_spec("gemma4-26b-a4b")
     assert gemma.attention_state_bytes(0, 4096) == 1024 * gemma.kv_bytes_per_token  # sliding window
@@ -215,36 +230,37 @@ def test_local_layers_cap_attention_state() -> None:
     ),
 )
 def test_a_group_priced_job_by_job_is_compute_time_bit_for_bit(
-    name: str, profile: str, layer: int, jobs: list[tuple[int, int, list[int]]]
+    name: str, profile: str, layer: int, specs: list[tuple[int, int, list[int]]]
 ) -> None:
     """Bottleneck grouping compares candidates' prices: the running price must be the whole group's
     to the last bit after every job added (token counts, contexts and shared experts at random)."""
     spec = load_model_spec(name)
     costs = CostModel(spec, load_profile(profile))
     layer = min(layer, spec.num_layers - 1)
-    group = costs.group_cost(layer)
+    contexts = [context for _, context, _ in specs]
+    group = GroupCost(costs, lambda job: contexts[job.request])
     tokens: list[int] = []
-    contexts: list[int] = []
     seen: set[int] = set()
-    for num_tokens, context, picked in jobs:
-        experts = [e % spec.num_experts for e in picked] if layer != ENTRY_LAYER else []
-        group.add(num_tokens, context, experts)
+    for request, (num_tokens, _, picked) in enumerate(specs):
+        experts = tuple({e % spec.num_experts for e in picked}) if layer != ENTRY_LAYER else ()
+        group.add(Job(request, 0, layer, experts, lane=request, num_tokens=num_tokens))
         tokens.append(num_tokens)
-        contexts.append(context)
         seen.update(experts)
-        whole = costs.compute_time(layer, tokens, contexts, len(seen))
+        whole = costs.compute_time(layer, tokens, contexts[: request + 1], len(seen))
         assert group.seconds().hex() == whole.hex()
 
 
 def test_a_group_priced_job_by_job_rejects_what_compute_time_rejects() -> None:
     costs = CostModel(*_toy())
-    with pytest.raises(ValueError, match="layer 4 out of range"):
-        costs.group_cost(4)
+    context = 5
+    group = GroupCost(costs, lambda job: context)
     with pytest.raises(ValueError, match="at least one job"):
-        costs.group_cost(0).seconds()
+        group.seconds()
+    with pytest.raises(ValueError, match="layer 4 out of range"):
+        group.add(Job(0, 0, 4, (1,), lane=0))
     with pytest.raises(ValueError, match="token counts must be >= 1"):
-        costs.group_cost(0).add(0, 5, ())
-    group = costs.group_cost(0)
-    group.add(1, 5, range(9))
+        GroupCost(costs, lambda job: -1, [Job(0, 0, 1, (1,), lane=0)])
+    GroupCost(costs, lambda job: context, [Job(0, 0, 1, tuple(range(8)), lane=0)]).seconds()
+    group = GroupCost(costs, lambda job: context, [Job(r, 0, 1, (r,), lane=r) for r in range(9)])
     with pytest.raises(ValueError, match="distinct_experts 9"):
         group.seconds()

@@ -23,7 +23,7 @@ the compute unit itself is broken: the scheduler then stops the runtime with
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Protocol
 
@@ -92,7 +92,7 @@ class ComputeScheduler:
         self._model = getattr(backend, "costs", None)  # the sim's cost model, if any
         self._pricer: GroupPricer | None = None  # a CostModel's prices, job by job
         if isinstance(self._model, CostModel):
-            self._pricer = partial(PricedGroup, self._model, self.requests)
+            self._pricer = partial(GroupCost, self._model, self._context)
         self._fit = ComputeFit()
         self._awaiting_reply = False
         self._closing = False
@@ -156,13 +156,16 @@ class ComputeScheduler:
         """Compute seconds of one group of ``jobs``: the cost model's, else the measured fit."""
         if self._model is None:
             return self._fit(len(jobs))
-        requests = self.requests
-        contexts = [_context(requests, job) for job in jobs]
+        contexts = list(map(self._context, jobs))
         return float(
             self._model.compute_time(
                 jobs[0].layer, [job.num_tokens for job in jobs], contexts, distinct_experts(jobs)
             )
         )
+
+    def _context(self, job: Job) -> int:
+        """The tokens a job's attention reads, its own included (what the cost model prices)."""
+        return self.requests[job.request].prompt_tokens + job.step + job.num_tokens
 
     def handle(self, message: SchedulerMessage) -> None:
         if message is None:
@@ -328,32 +331,3 @@ class ComputeScheduler:
         for job in jobs:
             self.positions[job.request] = job.progress
             self.queue.add(job)
-
-
-class PricedGroup:
-    """:meth:`ComputeScheduler._group_s` job by job, through the cost model's
-    :meth:`runahead.costs.CostModel.group_cost` (a :class:`runahead.bottleneck.RunningGroup`)."""
-
-    __slots__ = ("_cost", "_model", "_requests")
-
-    def __init__(self, model: CostModel, requests: Mapping[int, RequestSpec], jobs: Iterable[Job]) -> None:
-        self._model, self._requests = model, requests
-        self._cost: GroupCost | None = None
-        for job in jobs:
-            self.add(job)
-
-    def add(self, job: Job) -> None:
-        cost = self._cost
-        if cost is None:  # the layer is the first job's
-            cost = self._cost = self._model.group_cost(job.layer)
-        cost.add(job.num_tokens, _context(self._requests, job), job.experts)
-
-    def seconds(self) -> float:
-        if self._cost is None:
-            raise ValueError("a group needs at least one job")
-        return self._cost.seconds()
-
-
-def _context(requests: Mapping[int, RequestSpec], job: Job) -> int:
-    """The tokens a job's attention reads, its own included (what the cost model prices)."""
-    return requests[job.request].prompt_tokens + job.step + job.num_tokens
