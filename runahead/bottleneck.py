@@ -15,6 +15,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import is_, is_not
 from typing import Protocol
 
 from runahead.cache import EntryState
@@ -123,13 +125,12 @@ def landing_times(
     pending: set[ExpertId] = set()
     order = []
     resident, in_flight = EntryState.RESIDENT, EntryState.PENDING
-    for job in blocked:
-        keys = []
-        for expert, now_state in zip(job.ids, map(state, job.ids), strict=True):
-            if now_state is not resident:
-                keys.append(expert)
-                if now_state is in_flight:
-                    pending.add(expert)
+    for job in blocked:  # each job's experts sorted by state in C, one state look-up each
+        ids = job.ids
+        states = list(map(state, ids))
+        keys = list(compress(ids, map(is_not, states, repeat(resident))))
+        if in_flight in states:
+            pending.update(compress(ids, map(is_, states, repeat(in_flight))))
         order.append(((job.epoch, job.layer, len(keys), job.request), job, keys))
     cursor = now + len(pending) * fetch_s
     lands = dict.fromkeys(pending, cursor)
@@ -139,7 +140,7 @@ def landing_times(
             if key not in lands:
                 cursor += fetch_s
                 lands[key] = cursor
-        ready_at[job.request] = max((lands[key] for key in keys), default=now)
+        ready_at[job.request] = max(map(lands.__getitem__, keys), default=now)
     return ready_at, cursor
 
 
