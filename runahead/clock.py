@@ -192,6 +192,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     callbacks are ready, one method call per callback run). They queue, order and run callbacks
     exactly as asyncio's do, so every run's events are the same; a loop in debug mode uses
     asyncio's own methods.
+
+    Its timer heap (asyncio's ``_scheduled``) holds ``(when, timer)`` pairs instead of timers, so a
+    heap step compares two floats in C instead of calling ``TimerHandle.__lt__`` in Python. Every
+    comparison has the same outcome (a pair compares its timers only when their times are equal,
+    and then, as the timers themselves would, says "not less"), so the heap holds the timers in the
+    same places and pops them in the same order. In debug mode the heap holds timers, as asyncio's
+    methods expect (:meth:`set_debug` converts it either way).
     """
 
     def __init__(self, charge_cpu: bool = False) -> None:
@@ -216,7 +223,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if loop._ready or loop._stopping or loop._debug:
             return False
         scheduled = loop._scheduled
-        return not scheduled or scheduled[0]._when >= self.time() + loop._clock_resolution
+        return not scheduled or scheduled[0][0] >= self.time() + loop._clock_resolution
+
+    def set_debug(self, enabled: bool) -> None:
+        super().set_debug(enabled)
+        loop: Any = self
+        if enabled:  # asyncio's methods from now on: a heap of timers
+            loop._scheduled = [entry[1] if isinstance(entry, tuple) else entry for entry in loop._scheduled]
+        else:
+            loop._scheduled = [
+                entry if isinstance(entry, tuple) else (entry._when, entry) for entry in loop._scheduled
+            ]
 
     def call_soon(  # type: ignore[override]
         self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
@@ -237,7 +254,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if self._debug or self._closed or when is None:  # type: ignore[attr-defined]
             return super().call_at(when, callback, *args, context=context)
         timer = _TimerHandle(when, callback, args, self, context)
-        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        heapq.heappush(self._scheduled, (when, timer))  # type: ignore[attr-defined]
         timer._scheduled = True
         return timer
 
@@ -263,34 +280,33 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         count = len(scheduled)
         if count > _MIN_SCHEDULED and loop._timer_cancelled_count / count > _MIN_CANCELLED_FRACTION:
             kept = []
-            for timer in scheduled:
-                if timer._cancelled:
-                    timer._scheduled = False
+            for entry in scheduled:
+                if entry[1]._cancelled:
+                    entry[1]._scheduled = False
                 else:
-                    kept.append(timer)
+                    kept.append(entry)
             heapq.heapify(kept)
             scheduled = loop._scheduled = kept
             loop._timer_cancelled_count = 0
         else:
-            while scheduled and scheduled[0]._cancelled:
+            while scheduled and scheduled[0][1]._cancelled:
                 loop._timer_cancelled_count -= 1
-                timer = heapq.heappop(scheduled)
-                timer._scheduled = False
+                heapq.heappop(scheduled)[1]._scheduled = False
         ready = loop._ready
         selector = self._virtual
         if ready or loop._stopping:
             if selector.charge_cpu:
                 selector.select(0)  # charges the CPU time; no I/O happens in a simulation
         elif scheduled:
-            when = scheduled[0]._when
-            selector.select(min(max(0, when - self.time()), _MAX_TIMEOUT))
+            when = scheduled[0][0]
+            selector.select(min(max(0, when - selector.ticks / TICKS_PER_S), _MAX_TIMEOUT))
         else:
             loop._process_events(selector.select(None))
-        end_time = self.time() + loop._clock_resolution
+        end_time = selector.ticks / TICKS_PER_S + loop._clock_resolution  # self.time(), inlined
         while scheduled:
-            if scheduled[0]._when >= end_time:
+            if scheduled[0][0] >= end_time:
                 break
-            timer = heapq.heappop(scheduled)
+            timer = heapq.heappop(scheduled)[1]
             timer._scheduled = False
             ready.append(timer)
         for _ in range(len(ready)):

@@ -263,7 +263,8 @@ class GroupCost:
             costs._check_layer(job.layer)
             layer = self.layer = job.layer
         num_tokens, context = job.num_tokens, self._context(job)
-        _check_job(num_tokens, context)
+        if num_tokens < 1 or context < 0:
+            _check_job(num_tokens, context)  # raises
         self.jobs += 1
         self.tokens += num_tokens
         self.experts.update(job.experts)
@@ -278,7 +279,8 @@ class GroupCost:
         if layer is None:
             raise ValueError("a group needs at least one job")
         distinct = len(self.experts)
-        costs._check_distinct(layer, distinct)
+        if distinct > costs.model.num_experts:
+            costs._check_distinct(layer, distinct)  # raises, but at the entry layer (no experts)
         memory_bytes, flops = costs._group_terms(layer, self.jobs, self.tokens, distinct, 1.0)
         memory_bytes = reduce(add, self._state_bytes, memory_bytes)
         flops = reduce(add, self._flops, flops)
