@@ -13,13 +13,11 @@ Beyond the paper; plain ``runahead`` (or ``runahead/grouping=bottleneck``) uses 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import is_, is_not
+from itertools import filterfalse
 from typing import Protocol
 
-from runahead.cache import EntryState
 from runahead.jobs import ExpertId, Job
 
 
@@ -63,15 +61,17 @@ class Regrouped:
 class Outlook:
     """What the runtime knows when the compute unit frees up (``bottleneck`` grouping's inputs).
 
-    ``blocked``: every job the JobIssuer holds for missing experts; ``state``: the expert cache's
-    state of an expert, by id; ``fetch_s``: link seconds one expert's read holds the link;
+    ``blocked``: every job the JobIssuer holds for missing experts; ``resident`` and ``in_flight``:
+    the ids of the experts the cache holds and of those being read (the cache's ``resident_ids`` and
+    ``pending_ids``); ``fetch_s``: link seconds one expert's read holds the link;
     ``group_s``: compute seconds of one group of the given jobs (one backend call). Times come
     from the caller's clock; nothing here reads one.
     """
 
     now: float
     blocked: Sequence[Job]
-    state: Callable[[ExpertId], EntryState | None]
+    resident: Container[ExpertId]
+    in_flight: Container[ExpertId]
     fetch_s: float
     group_s: Callable[[Sequence[Job]], float]
     compute_share: float = 1.0
@@ -111,26 +111,24 @@ def may_hold(compute_share: float) -> bool:
 def landing_times(
     now: float,
     blocked: Iterable[Job],
-    state: Callable[[ExpertId], EntryState | None],
+    resident: Container[ExpertId],
+    in_flight: Container[ExpertId],
     fetch_s: float,
 ) -> tuple[dict[int, float], float]:
     """When each blocked job should become ready, and when the link runs out of revealed work.
 
-    NOTE (a model of the ExpertFetcher, not a copy of its state): the reads in flight (``PENDING``)
+    NOTE (a model of the ExpertFetcher, not a copy of its state): the reads in flight (``in_flight``)
     land first, all of them by ``now + pending * fetch_s``; the other missing experts are read one
     after another in ``SELECT_FETCH_JOB`` order (lowest progress, then fewest missing), an expert
-    two jobs need once. Returns ``{request: ready time}`` and the time the last read lands.
-    ``state`` is the cache's view of an expert by id (:meth:`ExpertCache.state_id`).
+    two jobs need once; ``resident`` experts need no read. Returns ``{request: ready time}`` and the
+    time the last read lands. Experts are ids (the cache's ``resident_ids`` and ``pending_ids``).
     """
     pending: set[ExpertId] = set()
     order = []
-    resident, in_flight = EntryState.RESIDENT, EntryState.PENDING
-    for job in blocked:  # each job's experts sorted by state in C, one state look-up each
-        ids = job.ids
-        states = list(map(state, ids))
-        keys = list(compress(ids, map(is_not, states, repeat(resident))))
-        if in_flight in states:
-            pending.update(compress(ids, map(is_, states, repeat(in_flight))))
+    is_resident, is_in_flight = resident.__contains__, in_flight.__contains__
+    for job in blocked:  # each job's missing experts, and which are being read, found in C
+        keys = list(filterfalse(is_resident, job.ids))
+        pending.update(filter(is_in_flight, keys))
         order.append(((job.epoch, job.layer, len(keys), job.request), job, keys))
     cursor = now + len(pending) * fetch_s
     lands = dict.fromkeys(pending, cursor)

@@ -28,11 +28,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from runahead.bottleneck import Hold, Outlook
-from runahead.cache import EntryState
-from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_key
+from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_id
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 GroupSeconds = Callable[[Sequence[Job]], float]
@@ -227,14 +225,12 @@ class _Model:
         state.now = target
         return True
 
-    def id_state(self, state: _State, expert: ExpertId) -> EntryState:
-        """The cache state the runtime would see (by id, as :class:`Outlook` asks): resident, being
-        read, or wanted."""
-        key = expert_key(expert)
-        if key in state.landed or key in self.case.resident:
-            return EntryState.RESIDENT
+    def cache_view(self, state: _State) -> tuple[set[ExpertId], set[ExpertId]]:
+        """What the runtime's cache would say (by id, as :class:`Outlook` asks): the resident experts
+        (the case's and those landed) and the one being read, if any."""
+        resident = set(map(expert_id, self.case.resident | state.landed))
         flight = state.in_flight
-        return EntryState.PENDING if flight is not None and flight[0] == key else EntryState.WANTED
+        return resident, set() if flight is None else {expert_id(flight[0])}
 
     @staticmethod
     def done(state: _State) -> bool:
@@ -393,9 +389,9 @@ def run_policy(case: SmallCase, grouping: Grouping) -> Schedule:
         outlook = None
         if blocked:
             share = state.compute_busy / state.link_busy if state.link_busy else 1.0
-            id_state = partial(model.id_state, state)
+            resident, in_flight = model.cache_view(state)
             outlook = Outlook(
-                state.now, blocked, id_state, case.fetch_s, case.group_s, share, case.layers - 1
+                state.now, blocked, resident, in_flight, case.fetch_s, case.group_s, share, case.layers - 1
             )
         choice = queue.plan(positions, lanes, outlook)
         if isinstance(choice, Group):

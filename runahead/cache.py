@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 from collections import _count_elements  # type: ignore[attr-defined]
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, KeysView, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
 from typing import cast
@@ -163,6 +163,16 @@ class ExpertCache:
             self.eviction.add(expert)
 
     # -- queries by id ---------------------------------------------------------------------------
+
+    @property
+    def resident_ids(self) -> KeysView[ExpertId]:
+        """The resident experts' ids: a live, read-only view (membership tests in C)."""
+        return self._resident.keys()
+
+    @property
+    def pending_ids(self) -> KeysView[ExpertId]:
+        """The ids of the experts being read (``PENDING``): a live, read-only view."""
+        return self._pending.keys()
 
     def state_id(self, expert: ExpertId) -> EntryState | None:
         """The state of the entry of id ``expert``, or None."""

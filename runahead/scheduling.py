@@ -174,7 +174,7 @@ class ComputeQueue:
             same = [job for job in outlook.blocked if job.layer == layer]
             if same and outlook.compute_share >= gate:
                 landing, link_free_at = landing_times(
-                    outlook.now, outlook.blocked, outlook.state, outlook.fetch_s
+                    outlook.now, outlook.blocked, outlook.resident, outlook.in_flight, outlook.fetch_s
                 )
                 waiting = sorted(((landing[job.request], job) for job in same), key=landing_order)
                 deadline = hold_until(

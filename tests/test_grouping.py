@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
+from dataclasses import dataclass
 from functools import partial
 
 import pytest
@@ -21,9 +22,17 @@ from runahead.bottleneck import (
     landing_order,
     landing_times,
 )
-from runahead.cache import EntryState
 from runahead.costs import CostModel, GroupCost
-from runahead.jobs import ExpertId, ExpertKey, Group, Job, RequestSpec, distinct_experts, expert_key
+from runahead.jobs import (
+    ExpertId,
+    ExpertKey,
+    Group,
+    Job,
+    RequestSpec,
+    distinct_experts,
+    expert_id,
+    expert_key,
+)
 from runahead.policy import parse_policy
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 from runahead.specs import load_model_spec, load_profile
@@ -39,19 +48,22 @@ def shared_plus_per_job(shared: float, per_job: float):  # type: ignore[no-untyp
     return lambda jobs: shared + per_job * len(jobs)
 
 
-def states(**by_state: set[ExpertKey]):  # type: ignore[no-untyped-def]
-    """A cache view by expert id (as the cache's ``state_id``): keys listed under ``pending``/``wanted``
-    are in that state, others resident."""
+@dataclass(frozen=True)
+class Resident:
+    """Every expert but the ``missing`` ones, by id (as the cache's ``resident_ids`` answers)."""
 
-    def state(expert: ExpertId) -> EntryState:
-        key = expert_key(expert)
-        if key in by_state.get("pending", set()):
-            return EntryState.PENDING
-        if key in by_state.get("wanted", set()):
-            return EntryState.WANTED
-        return EntryState.RESIDENT
+    missing: Set[ExpertKey]
 
-    return state
+    def __contains__(self, expert: object) -> bool:
+        return expert_key(expert) not in self.missing  # type: ignore[arg-type]
+
+
+def states(
+    pending: Set[ExpertKey] = frozenset(), wanted: Set[ExpertKey] = frozenset()
+) -> tuple[Resident, set[ExpertId]]:
+    """A cache view by expert id (the cache's ``resident_ids`` and ``pending_ids``): keys listed under
+    ``pending``/``wanted`` are in that state, others resident."""
+    return Resident(pending | wanted), {expert_id(key) for key in pending}
 
 
 # -- parsing -----------------------------------------------------------------------------------
@@ -112,7 +124,7 @@ def test_landing_times_follow_the_fetch_order_after_the_reads_in_flight() -> Non
     behind = job(0, 3, (1, 2))  # lowest layer: its reads go first
     ahead = job(1, 4, (5,))
     state = states(pending={a}, wanted={b, c})
-    ready_at, link_free_at = landing_times(10.0, [ahead, behind], state, 0.5)
+    ready_at, link_free_at = landing_times(10.0, [ahead, behind], *state, 0.5)
     # a is in flight (lands by 10.5), then b (11.0), then c (11.5)
     assert ready_at == {0: 11.0, 1: 11.5}
     assert link_free_at == 11.5
@@ -121,7 +133,7 @@ def test_landing_times_follow_the_fetch_order_after_the_reads_in_flight() -> Non
 def test_an_expert_two_jobs_need_is_read_once() -> None:
     shared = ExpertKey(3, 7)
     ready_at, link_free_at = landing_times(
-        0.0, [job(0, 3, (7,)), job(1, 3, (7,))], states(wanted={shared}), 1.0
+        0.0, [job(0, 3, (7,)), job(1, 3, (7,))], *states(wanted={shared}), 1.0
     )
     assert ready_at == {0: 1.0, 1: 1.0} and link_free_at == 1.0
 
@@ -155,14 +167,15 @@ def test_a_tail_hold_must_not_end_the_layer_later_with_the_rest_counted() -> Non
     assert hold_until(0.0, ready, waiting, 0.0, shared_plus_per_job(1.0, 0.1), tail=True) == 0.5
 
 
-def outlook(  # type: ignore[no-untyped-def]
+def outlook(
     blocked: list[Job],
-    state,
+    view: tuple[Resident, set[ExpertId]],
     share: float = HOLD_MIN_COMPUTE_SHARE,
     now: float = 0.0,
     tail: int | None = None,
 ) -> Outlook:
-    return Outlook(now, blocked, state, 0.1, shared_plus_per_job(1.0, 0.1), share, tail)
+    resident, in_flight = view
+    return Outlook(now, blocked, resident, in_flight, 0.1, shared_plus_per_job(1.0, 0.1), share, tail)
 
 
 def test_plan_holds_for_a_same_layer_job_whose_read_is_landing() -> None:
@@ -294,7 +307,7 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
     view = Outlook(
         3.0,
         blocked,
-        states(pending=pending, wanted=wanted),
+        *states(pending=pending, wanted=wanted),
         fetch_s,
         shared_plus_per_job(1.0, 0.2),
         share,

@@ -144,7 +144,8 @@ class ComputeScheduler:
         return Outlook(
             self.clock.now(),
             list(self.blocked.values()),
-            self.cache.state_id,
+            self.cache.resident_ids,
+            self.cache.pending_ids,
             fetch_s,
             self._group_s,
             share,
