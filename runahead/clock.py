@@ -162,8 +162,7 @@ class _Handle(events.Handle):
 
 
 class _TimerHandle(events.TimerHandle):
-    """``asyncio.TimerHandle`` built the same lean way (ordered by ``when`` as asyncio's; the
-    handle's fields set here, not by a call to ``_Handle.__init__``: one per read and compute)."""
+    """``asyncio.TimerHandle`` built the same lean way (ordered by ``when`` as asyncio's)."""
 
     __slots__ = ()
 
@@ -175,13 +174,7 @@ class _TimerHandle(events.TimerHandle):
         loop: asyncio.AbstractEventLoop,
         context: contextvars.Context | None,
     ) -> None:
-        self._context = contextvars.copy_context() if context is None else context  # as _Handle's
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
+        _Handle.__init__(self, callback, args, loop, context)  # type: ignore[arg-type]
         self._when = when
         self._scheduled = False
 
