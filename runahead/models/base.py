@@ -381,10 +381,10 @@ class MoEModel(ModelDescription):
 
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
-        x = self.norm(hidden, f"{layer}.post_norm")
-        shared = self.shared_expert(layer, x)
-        if shared is not None:
-            out = out + shared
+        if self.config.shared_expert_size:  # the norm only where a shared expert reads it
+            shared = self.shared_expert(layer, self.norm(hidden, f"{layer}.post_norm"))
+            if shared is not None:
+                out = out + shared
         return hidden + out
 
     @torch.no_grad()
