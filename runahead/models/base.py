@@ -401,7 +401,9 @@ class MoEModel(ModelDescription):
         return self.inv_freq
 
 
-def rope_tables(positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def rope_tables(
+    positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
     """cos and sin ``[T, 1, 2 * len(inv_freq)]`` of the rotary embedding at ``positions``, in ``dtype``.
 
     ``factor`` scales cos and sin (YaRN's attention factor; 1 otherwise).
