@@ -77,6 +77,19 @@ class TokenScorer(Protocol):
     def take_logprobs(self, request: int) -> StepLogprobs | None: ...
 
 
+@runtime_checkable
+class SpeculativeGate(Protocol):
+    """A backend that can apply layer ``l+1``'s gate to layer ``l``'s hidden state and report its
+    guess with each job (``JobResult.predicted_next``; the torch and mlx backends can).
+
+    Only a policy with the gate predictor (``prefetch-gate``, ``runahead+prefetch``) reads the
+    guess, and it costs a norm, a router product and a top-k per job: the runtime turns it on for
+    those policies and off for every other one, once, before any request runs.
+    """
+
+    def use_speculative_gate(self, on: bool) -> None: ...
+
+
 BUILTIN_BACKENDS = {
     "sim": "runahead.backends.sim",
     "torch": "runahead.backends.torch",

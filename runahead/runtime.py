@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import Backend, CacheWatcher, TokenScorer
+from runahead.backend import Backend, CacheWatcher, SpeculativeGate, TokenScorer
 from runahead.cache import ExpertCache
 from runahead.clock import Clock, VirtualTimeLoop
 from runahead.health import Health, RequestFailed
@@ -145,6 +145,8 @@ class Runtime:
         self._scorer = backend if isinstance(backend, TokenScorer) else None
         if isinstance(backend, CacheWatcher):
             backend.watch(self.cache)
+        if isinstance(backend, SpeculativeGate):
+            backend.use_speculative_gate(config.policy_config.prefetch == "gate")
         self.recorder = Recorder(record_selections=config.record_selections, keep_records=config.keep_records)
         self.health = Health()
         self.handles: dict[int, RequestHandle] = {}

@@ -16,6 +16,7 @@ import torch
 
 from runahead.backends.torch import TorchBackend
 from runahead.jobs import RequestSpec
+from runahead.models.base import MoEModel
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
@@ -113,6 +114,32 @@ def test_the_papers_grouping_generates_transformers_tokens(model) -> None:  # ty
     tokens, _, runtime = run(path, "runahead/grouping=opportunistic", requests=8, slots=8)
     assert tokens == {i: expected[i] for i in range(8)}
     assert runtime.cache.stats.fetches > 0
+
+
+def test_the_speculative_gate_runs_only_for_policies_that_prefetch_by_it(model) -> None:  # type: ignore[no-untyped-def]
+    """The next layer's gate costs a norm, a router product and a top-k per job: a policy without
+    the gate predictor must not pay for it, one with it must get its guesses (prefetches)."""
+    path, expected = model
+    if "qwen3_moe" not in str(path):
+        pytest.skip("the runtime's switch is the same for every architecture")
+    calls: dict[str, list[int]] = {}
+    original = MoEModel.route
+
+    def counted(self: MoEModel, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        calls[policy].append(layer)
+        return original(self, layer, hidden)
+
+    for policy in ("sync", "prefetch-gate"):
+        calls[policy] = []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(MoEModel, "route", counted)
+            tokens, _, runtime = run(path, policy, requests=2, slots=8)
+        assert tokens == {i: expected[i] for i in range(2)}
+        assert runtime.backend.speculate == (policy == "prefetch-gate")
+        prefetches = runtime.cache.stats.prefetches
+        assert prefetches > 0 if policy == "prefetch-gate" else prefetches == 0
+    # sync routes each token once per layer; the gate predictor also routes one layer ahead
+    assert len(calls["prefetch-gate"]) > len(calls["sync"])
 
 
 def test_logits_agree_with_transformers(model) -> None:  # type: ignore[no-untyped-def]

@@ -46,6 +46,9 @@ class RequestLifecycle(Generic[State]):
     backend_name: str
     store: Any  # the backend's expert store or reader: what close() closes
     _compute_thread: ThreadPoolExecutor
+    speculate: bool
+    """Apply the following layer's gate to each job's hidden state and report its guess
+    (``JobResult.predicted_next``); the runtime sets it from its policy (:meth:`use_speculative_gate`)."""
 
     def __init__(self) -> None:
         self._requests: dict[int, State] = {}
@@ -73,6 +76,11 @@ class RequestLifecycle(Generic[State]):
         """What was scored for an open request since the last call (with ``logprobs`` or
         ``prompt_logprobs`` in its sampling), or None; called as each token is delivered."""
         return take_logprobs(self._requests.get(request))
+
+    def use_speculative_gate(self, on: bool) -> None:
+        """:class:`runahead.backend.SpeculativeGate`: guess the next layer's experts only when the
+        runtime's policy prefetches by the gate's guess."""
+        self.speculate = on
 
     def logits_of(self, request: int) -> list[Any]:
         """Logits of each generated token of an open request (with ``keep_logits``)."""

@@ -95,7 +95,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         reader: ExpertReader,
         *,
         host_experts: dict[tuple[int, int], dict[str, np.ndarray]] | None = None,
-        speculate: bool = True,
+        speculate: bool = False,
         keep_logits: bool = False,
         batch_invariant: bool = False,
     ) -> None:

@@ -71,13 +71,14 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         store: Any,
         slots: Any,
         *,
-        speculate: bool = True,
+        speculate: bool = False,
         keep_logits: bool = False,
         batch_invariant: bool = False,
     ) -> None:
         """``model``: a :class:`runahead.models.base.MoEModel`; ``store``: an ExpertStore;
         ``slots``: the SlotPool the runtime's cache slots index. ``speculate`` also applies the
-        following layer's gate to each hidden state (the prefetch-gate baselines use it);
+        following layer's gate to each hidden state (the prefetch-gate baselines use it; a runtime
+        turns it on or off for its policy);
         ``keep_logits`` keeps every sampled step's logits (tests compare them);
         ``batch_invariant`` computes each job of a group on its own, so a request's arithmetic, and
         with it its tokens, does not depend on what the schedule batched it with (slower: shared

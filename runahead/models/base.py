@@ -56,6 +56,8 @@ KVCache = RequestState
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm as transformers computes it (in float32, scaled after casting back)."""
+    if x.dtype == torch.float32:  # the same arithmetic without two no-op casts (7 norms a layer)
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -184,7 +186,8 @@ class MoEModel(ModelDescription):
         q, k, v = self.project_qkv(layer, x)
         positions = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in segments])
         inv_freq, factor = self.rope_frequencies(layer), self.rope_attention_factor
-        q, k = apply_rope(q, positions, inv_freq, factor), apply_rope(k, positions, inv_freq, factor)
+        cos, sin = rope_tables(positions, inv_freq, factor, q.dtype)  # once for q and k
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         window = self.config.window(layer)
         outputs, row = [], 0
         for state, start, n in segments:
@@ -340,7 +343,7 @@ class MoEModel(ModelDescription):
         next call: use each expert's weights before asking for the next one's, as ``moe_partial`` does.
         """
         if self.slot_formats is None:
-            return slot.to(dtype)
+            return slot if slot.dtype == dtype else slot.to(dtype)
         from runahead.models.quant import dequantize_slot
 
         # One float32 scratch buffer, reused expert after expert: the compute is one thread (and on
@@ -381,10 +384,10 @@ class MoEModel(ModelDescription):
 
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
-        x = self.norm(hidden, f"{layer}.post_norm")
-        shared = self.shared_expert(layer, x)
-        if shared is not None:
-            out = out + shared
+        if self.config.shared_expert_size:  # the norm only where a shared expert reads it
+            shared = self.shared_expert(layer, self.norm(hidden, f"{layer}.post_norm"))
+            if shared is not None:
+                out = out + shared
         return hidden + out
 
     @torch.no_grad()
@@ -398,15 +401,22 @@ class MoEModel(ModelDescription):
         return self.inv_freq
 
 
-def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor, factor: float = 1.0) -> Tensor:
-    """Rotary embedding of ``x [T, heads, head_dim]``; only the first ``2 * len(inv_freq)`` dims rotate.
+def rope_tables(
+    positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos and sin ``[T, 1, 2 * len(inv_freq)]`` of the rotary embedding at ``positions``, in ``dtype``.
 
     ``factor`` scales cos and sin (YaRN's attention factor; 1 otherwise).
     """
     freqs = positions[:, None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = (emb.cos() * factor).to(x.dtype)[:, None, :], (emb.sin() * factor).to(x.dtype)[:, None, :]
-    rotary = emb.shape[-1]
+    return (emb.cos() * factor).to(dtype)[:, None, :], (emb.sin() * factor).to(dtype)[:, None, :]
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary embedding of ``x [T, heads, head_dim]`` by :func:`rope_tables`' ``cos`` and ``sin``;
+    only their first dims rotate (a partial rotary keeps the rest as is)."""
+    rotary = cos.shape[-1]
     if rotary == x.shape[-1]:
         return x * cos + _rotate_half(x) * sin
     turned, kept = x[..., :rotary], x[..., rotary:]
