@@ -143,6 +143,10 @@ def test_the_speculative_gate_runs_only_for_policies_that_prefetch_by_it(model) 
 
 
 def test_logits_agree_with_transformers(model) -> None:  # type: ignore[no-untyped-def]
+    """Within float32 noise of transformers' logits. Runahead groups by measured timing, so the rows
+    a product sees, and with them its rounding, change from run to run: over 8 runs the largest
+    difference of Qwen3.5-MoE (recurrent state carried over 32 tokens, logits up to 3.4) ranged
+    6e-5 to 1.1e-4 with the same code; a wrong expert or weight is off by 1e-2 and more."""
     path, expected = model
     _, logits, _ = run(path, "runahead", requests=3, slots=12, barrier=False)
     for request in range(3):
@@ -150,7 +154,7 @@ def test_logits_agree_with_transformers(model) -> None:  # type: ignore[no-untyp
         ref = reference_logits(path, sequence)[len(PROMPTS[request]) - 1 : -1]
         ours = torch.stack(logits[request])
         assert ours.shape == ref.shape
-        assert (ours - ref).abs().max().item() < 1e-4
+        assert (ours - ref).abs().max().item() < 2e-4
 
 
 @pytest.mark.parametrize("requests", [1, 2, 5])
