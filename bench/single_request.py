@@ -10,12 +10,18 @@ Writes OUT/results.jsonl.
 
     python bench/single_request.py --out DIR [--model PATH] [--device cuda] [--dtype bfloat16]
         [--peer-dtypes float32]
+
+``--same-process`` (CPU) instead loads both once, in one process, and alternates turns (which goes
+first alternates too): on a machine whose memory bandwidth moves by +-15% from minute to minute, the
+paired ratio of each round and their median say more than the best of separate loads. It writes
+OUT/same_process.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +69,78 @@ def run_transformers(path: str, dtype: torch.dtype, prompt: list[int], device: s
     }
 
 
+def same_process(path: str, dtype: str, peer: str, rounds: int) -> dict[str, Any]:
+    """Ours and transformers' ``generate`` loaded once in this process, alternating turns of
+    ``STEPS`` greedy tokens (after ``WARMUP``); per round both tokens/s and their ratio."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from runahead.backends.torch import TorchBackend
+    from runahead.jobs import ExpertKey, RequestSpec
+    from runahead.runtime import Runtime, RuntimeConfig
+    from runahead.sampling import SamplingParams
+
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, peer)).eval()
+    reference.generation_config.eos_token_id = None
+    backend = TorchBackend.open(path, cache_fraction=1.0, dtype=dtype)
+    config = backend.model.config
+    prompt = [5]
+
+    def ours() -> tuple[float, list[int]]:
+        runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy="runahead"))
+
+        async def go() -> tuple[float, list[int]]:
+            layers, experts = range(config.num_layers), range(config.num_experts)
+            await runtime.preload(ExpertKey(layer, e) for layer in layers for e in experts)
+            warm = SamplingParams(max_tokens=WARMUP)
+            await runtime.run([RequestSpec(0, WARMUP, prompt=tuple(prompt), sampling=warm)])
+            start = time.perf_counter()
+            spec = RequestSpec(1, STEPS, prompt=tuple(prompt), sampling=SamplingParams(max_tokens=STEPS))
+            tokens = await runtime.run([spec])
+            return STEPS / (time.perf_counter() - start), tokens[1]
+
+        return asyncio.run(go())
+
+    def theirs() -> tuple[float, list[int]]:
+        ids = torch.tensor([prompt])
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            reference.generate(ids, attention_mask=mask, max_new_tokens=WARMUP, do_sample=False)
+            start = time.perf_counter()
+            out = reference.generate(ids, attention_mask=mask, max_new_tokens=STEPS, do_sample=False)
+            return STEPS / (time.perf_counter() - start), out[0, len(prompt) :].tolist()
+
+    turns: dict[str, list[float]] = {"ours": [], "transformers": []}
+    tokens: dict[str, list[int]] = {}
+    try:
+        for round_ in range(rounds):
+            for name in ("ours", "transformers") if round_ % 2 == 0 else ("transformers", "ours"):
+                speed, tokens[name] = ours() if name == "ours" else theirs()
+                turns[name].append(speed)
+            ratio = turns["ours"][-1] / turns["transformers"][-1]
+            print(
+                f"round {round_}: ours {turns['ours'][-1]:.2f} tok/s, transformers "
+                f"{turns['transformers'][-1]:.2f}, ratio {ratio:.3f}",
+                flush=True,
+            )
+    finally:
+        backend.close()
+    ratios = [a / b for a, b in zip(turns["ours"], turns["transformers"], strict=True)]
+    return {
+        "compute_dtype": backend.compute_dtype,
+        "peer_dtype": peer,
+        "threads": torch.get_num_threads(),
+        "rounds": rounds,
+        "tokens_per_s": turns,
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+        "rounds_ours_faster": sum(r > 1 for r in ratios),
+        "tokens_equal": sum(a == b for a, b in zip(tokens["ours"], tokens["transformers"], strict=True)),
+        "tokens_compared": STEPS,
+    }
+
+
 def agreement(ours: list[int], theirs: dict[str, Any]) -> dict[str, Any]:
     """How many tokens agree, how many lead in agreement, and transformers' margin where they first part."""
     same = sum(a == b for a, b in zip(ours, theirs["tokens"], strict=False))
@@ -88,8 +166,24 @@ def main() -> None:
         help="transformers' dtypes on CPU (comma-separated; a CPU without bf16 instructions runs bf16 "
         "generate ~100x slower than float32, so there 'float32' alone is its fastest)",
     )
+    parser.add_argument(
+        "--same-process",
+        action="store_true",
+        help="CPU: both loaded once in one process, alternating turns; paired ratios (see above)",
+    )
     args = parser.parse_args()
     path = args.model or str(medium_model())
+    if args.same_process:
+        peer = args.peer_dtypes.split(",")[0]
+        result = same_process(path, args.dtype, peer, args.rounds)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "same_process.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(
+            f"runahead vs transformers ({peer}), {result['rounds']} rounds in one process: median ratio "
+            f"{result['median_ratio']:.3f}, ours faster in {result['rounds_ours_faster']}; tokens equal "
+            f"{result['tokens_equal']}/{result['tokens_compared']}"
+        )
+        return
     point = TorchPoint(
         path,
         "runahead",
