@@ -28,10 +28,10 @@ from typing import Any
 
 import runahead.models.base as base
 from runahead.backends.torch import TorchBackend
-from runahead.jobs import ExpertKey, Group, JobResult, RequestSpec
+from runahead.jobs import Group, JobResult, RequestSpec
 from runahead.medium import medium_model
-from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
+from runahead.torchbench import warm_resident
 
 
 def load_before(tree: Path) -> tuple[dict[str, Any], bool]:
@@ -58,7 +58,6 @@ def main() -> None:
     current = vars(base.MoEModel)
     after_methods = {name: current[name] for name in before_methods if name in current}
     backend = TorchBackend.open(str(medium_model()), cache_fraction=1.0, dtype="float32")
-    config = backend.model.config
     busy = [0.0]
     compute = TorchBackend._compute
 
@@ -74,14 +73,11 @@ def main() -> None:
     def turn(version: str) -> tuple[float, float, dict[int, list[int]]]:
         for name, method in (before_methods if version == "before" else after_methods).items():
             setattr(base.MoEModel, name, method)
-        runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy=args.policy))
-        if version == "before" and gate_always:
-            backend.speculate = True
 
         async def go() -> tuple[float, dict[int, list[int]]]:
-            layers, experts = range(config.num_layers), range(config.num_experts)
-            await runtime.preload(ExpertKey(layer, e) for layer in layers for e in experts)
-            await runtime.run([RequestSpec(0, 4, prompt=(5,), sampling=SamplingParams(max_tokens=4))])
+            runtime = await warm_resident(backend, args.policy)
+            if version == "before" and gate_always:
+                backend.speculate = True  # over the runtime's switch: the before tree ran it always
             busy[0] = 0.0
             start = time.perf_counter()
             tokens = await runtime.run(

@@ -29,10 +29,28 @@ from typing import Any
 import torch
 
 from runahead.medium import medium_model
-from runahead.torchbench import TorchPoint, run_torch_point
+from runahead.torchbench import TorchPoint, run_torch_point, warm_resident
 
 STEPS = 32
 WARMUP = 4
+
+
+def timed_generate(
+    model: Any, prompt: list[int], new_tokens: int, device: str = "cpu", **options: Any
+) -> tuple[float, Any]:
+    """Seconds of one greedy ``generate`` of ``new_tokens`` after a ``WARMUP``-token warm-up call,
+    and its output (``options``: more ``generate`` arguments)."""
+    ids = torch.tensor([prompt], device=device)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=WARMUP, do_sample=False)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, **options)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, out
 
 
 def run_transformers(path: str, dtype: torch.dtype, prompt: list[int], device: str = "cpu") -> dict[str, Any]:
@@ -43,24 +61,10 @@ def run_transformers(path: str, dtype: torch.dtype, prompt: list[int], device: s
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
     model.generation_config.eos_token_id = None  # ours does not stop at EOS either
-    ids = torch.tensor([prompt], device=device)
     total = WARMUP + STEPS
-    with torch.no_grad():
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=total,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
+    elapsed, out = timed_generate(
+        model, prompt, total, device, output_logits=True, return_dict_in_generate=True
+    )
     top2 = [torch.topk(step[0].float(), 2).values for step in out.logits]
     return {
         "tokens_per_s": total / elapsed,
@@ -77,24 +81,17 @@ def same_process(path: str, dtype: str, peer: str, rounds: int) -> dict[str, Any
     from transformers import AutoModelForCausalLM
 
     from runahead.backends.torch import TorchBackend
-    from runahead.jobs import ExpertKey, RequestSpec
-    from runahead.runtime import Runtime, RuntimeConfig
+    from runahead.jobs import RequestSpec
     from runahead.sampling import SamplingParams
 
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, peer)).eval()
     reference.generation_config.eos_token_id = None
     backend = TorchBackend.open(path, cache_fraction=1.0, dtype=dtype)
-    config = backend.model.config
     prompt = [5]
 
     def ours() -> tuple[float, list[int]]:
-        runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy="runahead"))
-
         async def go() -> tuple[float, list[int]]:
-            layers, experts = range(config.num_layers), range(config.num_experts)
-            await runtime.preload(ExpertKey(layer, e) for layer in layers for e in experts)
-            warm = SamplingParams(max_tokens=WARMUP)
-            await runtime.run([RequestSpec(0, WARMUP, prompt=tuple(prompt), sampling=warm)])
+            runtime = await warm_resident(backend, "runahead", prompt, WARMUP)
             start = time.perf_counter()
             spec = RequestSpec(1, STEPS, prompt=tuple(prompt), sampling=SamplingParams(max_tokens=STEPS))
             tokens = await runtime.run([spec])
@@ -103,13 +100,8 @@ def same_process(path: str, dtype: str, peer: str, rounds: int) -> dict[str, Any
         return asyncio.run(go())
 
     def theirs() -> tuple[float, list[int]]:
-        ids = torch.tensor([prompt])
-        mask = torch.ones_like(ids)
-        with torch.no_grad():
-            reference.generate(ids, attention_mask=mask, max_new_tokens=WARMUP, do_sample=False)
-            start = time.perf_counter()
-            out = reference.generate(ids, attention_mask=mask, max_new_tokens=STEPS, do_sample=False)
-            return STEPS / (time.perf_counter() - start), out[0, len(prompt) :].tolist()
+        elapsed, out = timed_generate(reference, prompt, STEPS)
+        return STEPS / elapsed, out[0, len(prompt) :].tolist()
 
     turns: dict[str, list[float]] = {"ours": [], "transformers": []}
     tokens: dict[str, list[int]] = {}

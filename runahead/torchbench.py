@@ -11,6 +11,7 @@ import hashlib
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,18 @@ def resolve_model(name: str) -> str:
             f"model folder {name!r} does not exist (or name a built one: {', '.join(BUILT_MODELS)})"
         )
     return name
+
+
+async def warm_resident(backend: Any, policy: str, prompt: Sequence[int] = (5,), warmup: int = 4) -> Runtime:
+    """A runtime (``policy``) on an open backend with every expert preloaded into its cache and one
+    warm-up request of ``warmup`` tokens decoded: what a one-request timing starts from."""
+    runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy=policy))
+    config = backend.model.config
+    layers, experts = range(config.num_layers), range(config.num_experts)
+    await runtime.preload(ExpertKey(layer, e) for layer in layers for e in experts)
+    spec = RequestSpec(0, warmup, prompt=tuple(prompt), sampling=SamplingParams(max_tokens=warmup))
+    await runtime.run([spec])
+    return runtime
 
 
 def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str, Any]:

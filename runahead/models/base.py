@@ -56,11 +56,10 @@ KVCache = RequestState
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm as transformers computes it (in float32, scaled after casting back)."""
-    if x.dtype == torch.float32:  # the same arithmetic without two no-op casts (7 norms a layer)
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-    x32 = x.float()
+    wide = x.dtype == torch.float32  # then no casts: each is a no-op op call (7 norms a layer)
+    x32 = x if wide else x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return weight * (x32 if wide else x32.to(x.dtype))
 
 
 def _rotate_half(x: Tensor) -> Tensor:
