@@ -262,7 +262,24 @@ class _Model:
                     compute += self._level_cost(state.step, between, requests)
             compute += self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
         link = max(state.link_free, state.now) if state.in_flight is None else state.in_flight[1]
-        return max(state.now + compute, link + len(needed - state.requested) * case.fetch_s)
+        link += len(needed - state.requested) * case.fetch_s
+        if state.step == case.steps - 1:  # the last read lands; its job computes its step's rest
+            link += self._after_last_read(state)
+        return max(state.now + compute, link)
+
+    def _after_last_read(self, state: _State) -> float:
+        """The least compute some job must do after the step's last read lands: the step's rest of
+        the request owning that read, each layer alone (a group costs at least its one job). The last
+        read is not known; the least over every unlanded read's request and layer is."""
+        landed, step = state.landed, state.step
+        least = math.inf
+        for request, job in state.jobs.items():
+            own = self._own_keys[request][step]
+            for layer in range(self.last, max(job.layer, ENTRY_LAYER + 1) - 1, -1):
+                if not own[layer] <= landed:  # this request's latest layer still waiting on a read
+                    least = min(least, self._solo_tails[request][step][layer])
+                    break
+        return 0.0 if least == math.inf else least
 
     def _level_cost(self, step: int, layer: int, requests: tuple[int, ...]) -> float:
         key = (step, layer, requests)
@@ -310,6 +327,27 @@ class _Model:
                 row[0] = tail
                 rows[step] = row
             self._suffix_keys.append(rows)
+        # _own_keys[r][step][layer]: job (r, step, layer)'s non-resident experts; _solo_tails: the
+        # compute of r's jobs from ``layer`` to the step's end, each alone
+        self._own_keys = [
+            [
+                [
+                    frozenset(k for k in self._job(r, step, layer).keys if k not in case.resident)
+                    for layer in range(case.layers)
+                ]
+                for step in range(case.steps)
+            ]
+            for r in range(case.requests)
+        ]
+        self._solo_tails = []
+        for r in range(case.requests):
+            rows_s = []
+            for step in range(case.steps):
+                tails = [0.0] * (case.layers + 1)
+                for layer in reversed(range(case.layers)):
+                    tails[layer] = tails[layer + 1] + self._level_cost(step, layer, (r,))
+                rows_s.append(tails)
+            self._solo_tails.append(rows_s)
 
     def signature(self, state: _State) -> tuple[object, ...]:
         progress = tuple(
@@ -378,7 +416,44 @@ def best_schedule(case: SmallCase, incumbent: float = math.inf, max_nodes: int =
 def run_policy(case: SmallCase, grouping: Grouping) -> Schedule:
     """Play a grouping rule (opportunistic, bottleneck, static) through the small case's model."""
     model = _Model(case)
+    return _play(model, model.start(), grouping)
+
+
+def pilot_schedule(case: SmallCase, grouping: Grouping) -> Schedule:
+    """A schedule at least as short as ``grouping``'s, found by the pilot method: at each decision,
+    every option is followed by ``grouping`` to the end, and the option whose schedule ends first is
+    taken (the first such: lowest layer, waiting last). Not a bound: a schedule reachable without
+    prediction, for cases too big for :func:`best_schedule`. ``explored`` counts the schedules played.
+    """
+    model = _Model(case)
     state = model.start()
+    best = _play(model, state.copy(), grouping)
+    played = 1
+    while not model.done(state):
+        options = []
+        for choice in model.options(state):
+            child = state.copy()
+            if choice is None:
+                if not model.wait(child):
+                    continue
+            else:
+                model.compute(child, choice)
+            schedule = _play(model, child.copy(), grouping)
+            played += 1
+            if schedule.makespan < best.makespan - 1e-12:
+                best = schedule
+            options.append((schedule.makespan, child))
+        state = min(options, key=_first)[1]
+    return Schedule(best.makespan, best.compute_s, best.fetch_s, best.groups, played)
+
+
+def _first(option: tuple[float, _State]) -> float:
+    return option[0]
+
+
+def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
+    """Play ``grouping`` from ``state`` (changed in place) to the end of the case."""
+    case = model.case
     lanes = {r: r for r in range(case.requests)}
     while not model.done(state):
         queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)

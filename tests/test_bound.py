@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from runahead.bound import SmallCase, best_schedule, run_policy
-from runahead.jobs import ExpertKey, Job
+from runahead.bound import _Model, best_schedule, pilot_schedule, run_policy
+from runahead.jobs import ExpertKey
 from runahead.scheduling import Grouping
 
-
-def one_layer_case(fetch_s: float) -> SmallCase:
-    """Two requests, one step, one MoE layer; request 0's expert is resident, request 1's is read.
-
-    A group costs 1 s + 0.5 s per job. Both entry jobs compute together (0-2 s); then request 0
-    is ready and request 1's read runs 2 s -> 2 + fetch_s.
-    """
-
-    def group_s(jobs: object) -> float:
-        return 1.0 + 0.5 * len(jobs)  # type: ignore[arg-type]
-
-    return SmallCase([[[(0,)]], [[(1,)]]], frozenset({ExpertKey(0, 0)}), fetch_s, group_s)
+from boundhelpers import one_layer_case, three_request_case
 
 
 def test_a_short_read_is_worth_waiting_for() -> None:
@@ -43,27 +30,18 @@ def test_a_long_read_is_not() -> None:
 
 
 def test_the_bound_is_never_above_any_grouping_it_could_have_chosen() -> None:
-    layers, experts = 4, 6
-    picks = list(itertools.combinations(range(experts), 2))
-    selections = [
-        [[picks[(7 * r + 5 * layer + 3) % len(picks)] for layer in range(layers)]] for r in range(3)
-    ]
-    resident = frozenset(ExpertKey(layer, e) for layer in range(layers) for e in range(0, experts, 2))
-
-    def group_s(jobs: list[Job]) -> float:
-        return 0.3 + 0.05 * len({e for job in jobs for e in job.experts})
-
-    case = SmallCase(selections, resident, 0.2, group_s)
+    case = three_request_case()
     best = best_schedule(case)
     for grouping in (Grouping(), Grouping(static=True), Grouping(bottleneck=True)):
         assert best.makespan <= run_policy(case, grouping).makespan + 1e-12
+    selections, layers = case.selections, case.layers
     assert best.fetch_s == pytest.approx(
         0.2
         * sum(  # every missing expert read once
             1
             for layer in range(layers)
             for e in {e for r in range(3) for e in selections[r][0][layer]}
-            if ExpertKey(layer, e) not in resident
+            if ExpertKey(layer, e) not in case.resident
         )
     )
 
@@ -71,3 +49,27 @@ def test_the_bound_is_never_above_any_grouping_it_could_have_chosen() -> None:
 def test_a_case_too_big_for_the_search_is_refused() -> None:
     with pytest.raises(RuntimeError, match="smaller case"):
         best_schedule(one_layer_case(0.4), max_nodes=1)
+
+
+def test_the_pilot_schedule_lies_between_the_bound_and_the_rule_it_follows() -> None:
+    case = three_request_case()
+    best = best_schedule(case)
+    for grouping in (Grouping(), Grouping(bottleneck=True)):
+        played = run_policy(case, grouping)
+        pilot = pilot_schedule(case, grouping)
+        assert best.makespan - 1e-12 <= pilot.makespan <= played.makespan + 1e-12
+        assert pilot.fetch_s == pytest.approx(best.fetch_s)  # the same reads, whatever the grouping
+    # on a case where following the paper's rule loses, the pilot finds the better schedule
+    case = one_layer_case(0.4)
+    assert pilot_schedule(case, Grouping()).makespan == pytest.approx(4.4)
+
+
+def test_the_search_lower_bound_counts_the_compute_after_the_last_read() -> None:
+    # request 1's read lands at 5; its last-layer job (1.5 s alone) ends no sooner than 6.5, which
+    # is the best schedule's makespan (reads alone would say 5, compute alone 2 + 2)
+    case = one_layer_case(3.0)
+    model = _Model(case)
+    state = model.start()
+    model.compute(state, -1)  # both entry jobs: 0-2 s, then request 1's read starts
+    assert model.lower_bound(state) == pytest.approx(5.0 + 1.5)
+    assert model.lower_bound(state) <= best_schedule(case).makespan + 1e-12

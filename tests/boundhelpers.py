@@ -1,0 +1,37 @@
+"""Small cases for the bound's tests (tests/test_bound.py, tests/test_relaxation.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from runahead.bound import SmallCase
+from runahead.jobs import ExpertKey, Job
+
+
+def one_layer_case(fetch_s: float) -> SmallCase:
+    """Two requests, one step, one MoE layer; request 0's expert is resident, request 1's is read.
+
+    A group costs 1 s + 0.5 s per job. Both entry jobs compute together (0-2 s); then request 0
+    is ready and request 1's read runs 2 s -> 2 + fetch_s.
+    """
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return 1.0 + 0.5 * len(jobs)
+
+    return SmallCase([[[(0,)]], [[(1,)]]], frozenset({ExpertKey(0, 0)}), fetch_s, group_s)
+
+
+def three_request_case() -> SmallCase:
+    """Three requests, four layers, half the experts resident: big enough to have choices."""
+    layers, experts = 4, 6
+    picks = list(itertools.combinations(range(experts), 2))
+    selections = [
+        [[picks[(7 * r + 5 * layer + 3) % len(picks)] for layer in range(layers)]] for r in range(3)
+    ]
+    resident = frozenset(ExpertKey(layer, e) for layer in range(layers) for e in range(0, experts, 2))
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return 0.3 + 0.05 * len({e for job in jobs for e in job.experts})
+
+    return SmallCase(selections, resident, 0.2, group_s)
