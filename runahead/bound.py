@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from runahead.bottleneck import Hold, Outlook
 from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_id
+from runahead.relaxation import Level, case_levels, floor
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 GroupSeconds = Callable[[Sequence[Job]], float]
@@ -244,7 +245,10 @@ class _Model:
 
     def lower_bound(self, state: _State) -> float:
         """No schedule from ``state`` ends sooner: the remaining compute with each layer in one
-        group, or the reads not yet started back to back after the link's current one."""
+        group, or the reads not yet started back to back after the link's current one (then, in
+        the last step, the compute after its last read); in the last step with every request in
+        it, also the overlap relaxation's floor (:mod:`runahead.relaxation`) over the levels
+        ahead of every request, those some have left behind at their cost."""
         case = self.case
         compute = self._future_compute[state.step + 1] if state.step + 1 < case.steps else 0.0
         needed: set[ExpertKey] = set()
@@ -254,18 +258,24 @@ class _Model:
                 needed |= self._suffix_keys[request][state.step][job.layer + 1]
             if state.step + 1 < case.steps:
                 needed |= self._suffix_keys[request][state.step + 1][0]
-        if state.jobs:
-            at = sorted((job.layer, request) for request, job in state.jobs.items())
-            for i, (layer, _) in enumerate(at[:-1]):  # layers some requests have left behind
+        behind: list[float] = []  # the compute of layers some requests have left behind
+        at = sorted((job.layer, request) for request, job in state.jobs.items())
+        if at:
+            for i, (layer, _) in enumerate(at[:-1]):
                 requests = tuple(sorted(r for _, r in at[: i + 1]))
                 for between in range(layer, at[i + 1][0]):
-                    compute += self._level_cost(state.step, between, requests)
-            compute += self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
+                    behind.append(self._level_cost(state.step, between, requests))
+            compute += sum(behind) + self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
         link = max(state.link_free, state.now) if state.in_flight is None else state.in_flight[1]
         link += len(needed - state.requested) * case.fetch_s
-        if state.step == case.steps - 1:  # the last read lands; its job computes its step's rest
-            link += self._after_last_read(state)
-        return max(state.now + compute, link)
+        if state.step < case.steps - 1:
+            return max(state.now + compute, link)
+        best = max(state.now + compute, link + self._after_last_read(state))
+        if len(state.jobs) == case.requests:  # the step's levels ahead of everyone: the floor
+            fixed = [Level(cost, cost, 0.0) for cost in behind]
+            ahead = self._last_levels[at[-1][0] + 1 :]  # level i is layer i - 1 (0: the entry jobs)
+            best = max(best, state.now + floor([*fixed, *ahead], link - state.now))
+        return best
 
     def _after_last_read(self, state: _State) -> float:
         """The least compute some job must do after the step's last read lands: the step's rest of
@@ -339,6 +349,7 @@ class _Model:
             ]
             for r in range(case.requests)
         ]
+        self._last_levels = case_levels(case, case.steps - 1)  # the overlap relaxation's (the floor)
         self._solo_tails = []
         for r in range(case.requests):
             rows_s = []
@@ -366,15 +377,22 @@ class _Model:
         return choices
 
 
-def best_schedule(case: SmallCase, incumbent: float = math.inf, max_nodes: int = 2_000_000) -> Schedule:
+def best_schedule(
+    case: SmallCase,
+    incumbent: float = math.inf,
+    max_nodes: int = 2_000_000,
+    known: Schedule | None = None,
+) -> Schedule:
     """The shortest makespan over every group/wait decision (depth first, branch and bound).
 
-    ``incumbent``: a makespan already reached (a policy's), to prune from the start. Raises
-    RuntimeError when the search visits more than ``max_nodes`` decisions (the case is too big).
+    ``incumbent``: a makespan already reached (a policy's), to prune from the start; or ``known``, a
+    schedule of the case (a policy's, :func:`pilot_schedule`'s): only shorter ones are searched for,
+    and it is the answer if there is none. Raises RuntimeError when the search visits more than
+    ``max_nodes`` decisions (the case is too big).
     """
     model = _Model(case)
-    best: list[Schedule | None] = [None]
-    bound = [incumbent]
+    best: list[Schedule | None] = [known]
+    bound = [incumbent if known is None else min(incumbent, known.makespan)]
     seen: dict[tuple[object, ...], list[tuple[float, float]]] = {}
     explored = 0
 

@@ -28,9 +28,12 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from typing import TYPE_CHECKING
 
-from runahead.bound import SmallCase
 from runahead.jobs import ENTRY_LAYER, Job
+
+if TYPE_CHECKING:
+    from runahead.bound import SmallCase
 
 GroupSeconds = Callable[[Sequence[Job]], float]
 
@@ -111,18 +114,21 @@ def floor(levels: Iterable[Level], reads_s: float) -> float:
     return max(compute, link)
 
 
+def case_levels(case: SmallCase, step: int) -> list[Level]:
+    """The levels of one step of a :class:`runahead.bound.SmallCase`: its entry jobs, then each layer."""
+    requests = range(case.requests)
+    entry = [Job(r, step, ENTRY_LAYER, lane=r, epoch=step) for r in requests]
+    levels = [level(entry, case.group_s, first=True)]
+    for layer in range(case.layers):
+        experts = [case.selections[r][step][layer] for r in requests]
+        jobs = [Job(r, step, layer, experts[r], lane=r, epoch=step) for r in requests]
+        levels.append(level(jobs, case.group_s, last=layer == case.layers - 1))
+    return levels
+
+
 def case_floor(case: SmallCase) -> float:
     """:func:`floor` of a :class:`runahead.bound.SmallCase` (its model reads each missing expert once)."""
-    levels = []
-    for step in range(case.steps):
-        entry = [Job(r, step, ENTRY_LAYER, lane=r, epoch=step) for r in range(case.requests)]
-        levels.append(level(entry, case.group_s, first=True))
-        for layer in range(case.layers):
-            jobs = [
-                Job(r, step, layer, case.selections[r][step][layer], lane=r, epoch=step)
-                for r in range(case.requests)
-            ]
-            levels.append(level(jobs, case.group_s, last=layer == case.layers - 1))
+    levels = [item for step in range(case.steps) for item in case_levels(case, step)]
     missing = {
         key
         for r in range(case.requests)

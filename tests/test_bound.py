@@ -73,3 +73,13 @@ def test_the_search_lower_bound_counts_the_compute_after_the_last_read() -> None
     model.compute(state, -1)  # both entry jobs: 0-2 s, then request 1's read starts
     assert model.lower_bound(state) == pytest.approx(5.0 + 1.5)
     assert model.lower_bound(state) <= best_schedule(case).makespan + 1e-12
+
+
+def test_a_known_schedule_seeds_the_search_without_changing_its_answer() -> None:
+    case = three_request_case()
+    plain = best_schedule(case)
+    seeded = best_schedule(case, known=pilot_schedule(case, Grouping()))
+    assert seeded.makespan == pytest.approx(plain.makespan)
+    assert seeded.explored <= plain.explored
+    # an optimal known schedule is the answer when nothing shorter exists
+    assert best_schedule(case, known=plain).makespan == plain.makespan
