@@ -1,6 +1,6 @@
 """The overlap relaxation's floor under every bench point of a grouping sweep (issue 11's bound).
 
-    python bench/grouping_floor.py bench/results/grouping-sim-*-0.3/results.jsonl
+    python bench/grouping_floor.py [--max-requests 8] bench/results/grouping-sim-*-0.3/results.jsonl
 
 For every (model, profile, cache, concurrency) with sync, the paper's grouping and the new one in
 the rows: the levels of each decode step of the point's own trace (:func:`runahead.bench.run_point`
@@ -9,12 +9,13 @@ pooled over the run with its reads (the fewest of the three rows' reads, each ho
 ``expert_bytes / link_bandwidth``) into :func:`runahead.relaxation.floor`: no grouping without
 prediction has a shorter step. Printed: sync's overlap limit, the floor's speed-up over sync and
 its share of the limit's gain (``of limit``: what no grouping can pass), and each grouping's share
-of the floor's gain. 16 requests are left out (the exact split of a level tries ``2 ** 15`` cuts).
+of the floor's gain. Points above ``--max-requests`` (default 8) are left out: the split of a level
+tries every cut (``2 ** (n - 1) - 1``), ~40 s a file at 8 requests, too many at 16.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -29,8 +30,6 @@ from runahead.jobs import ENTRY_LAYER, Job, distinct_experts
 from runahead.relaxation import Level, floor, level
 from runahead.specs import load_model_spec, load_profile
 from runahead.synthetic import default_trace
-
-MAX_REQUESTS = 8
 
 
 def point_levels(point: BenchPoint) -> tuple[list[Level], CostModel]:
@@ -58,8 +57,12 @@ def point_levels(point: BenchPoint) -> tuple[list[Level], CostModel]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-requests", type=int, default=8)
+    parser.add_argument("results", nargs="+", help="results.jsonl files of a grouping sweep")
+    args = parser.parse_args()
     points: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
-    for row in load(sys.argv[1:]):
+    for row in load(args.results):
         key = (row["model"], row["profile"], row["cache_fraction"], row["concurrency"], row["steps"])
         points[key][row["policy"]] = row
     print(
@@ -67,7 +70,7 @@ def main() -> None:
         f"{'floor x':>7} {'of limit':>8} | {'paper x':>7} {'of floor':>8} | {'new x':>7} {'of floor':>8}"
     )
     for (model, profile, cache, concurrency, steps), by in sorted(points.items()):
-        if concurrency > MAX_REQUESTS or not {"sync", PAPER, NEW} <= by.keys():
+        if concurrency > args.max_requests or not {"sync", PAPER, NEW} <= by.keys():
             continue
         point = BenchPoint(model, profile, "sync", concurrency, cache, steps)
         levels, costs = point_levels(point)
