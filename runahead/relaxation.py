@@ -6,13 +6,15 @@ Take any schedule of a step and, for each *level* (the entry jobs, then each lay
 computed the level's jobs as one group (*whole*) or in two or more groups (*split*):
 
 * compute: a whole level costs ``g(all)``; a split one at least the least sum of two groups over
-  every way to cut the level in two (merging two groups never costs more: the shared weights and
-  the overheads once, an expert both need once);
+  every way to cut the level in two, for a cost where merging two groups never costs more (the
+  cost model's: the shared weights and the overheads once, an expert both need once, the roofline's
+  ``max`` of sums at most the sum of ``max``);
 * link: while a whole level's group computes, every request is at that level: every read revealed
   so far has landed and none of the next level is revealed yet, so the link idles for ``g(all)``.
   The step's first group (entry jobs: nothing is revealed before it ends) and its last (last layer:
   every read has landed, every other job is done) idle the link as well, each for at least the
-  cheapest one-job group of its level. These are different groups, so their times add up.
+  cheapest one-job group of its level. These are different groups, so their times add up; a read
+  revealed by a group's end moves its first byte a read latency later (``latency_s``).
 
 So a step takes at least ``max(compute, reads + idle)`` for the schedule's choices, and at least
 the least of that over every choice. :func:`floor` takes the least over *fractional* choices (a
