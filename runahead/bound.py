@@ -26,7 +26,7 @@ Grouping only: the search does not choose fetch order, and it never splits one l
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from runahead.bottleneck import Hold, Outlook
@@ -368,6 +368,17 @@ class _Model:
         flight = None if state.in_flight is None else state.in_flight[0]
         return (state.step, progress, frozenset(state.requested), flight)
 
+    def children(self, state: _State) -> Iterator[_State]:
+        """The states each of :meth:`options` leads to (a wait nothing can end is left out)."""
+        for choice in self.options(state):
+            child = state.copy()
+            if choice is None:
+                if not self.wait(child):
+                    continue
+            else:
+                self.compute(child, choice)
+            yield child
+
     def options(self, state: _State) -> list[int | None]:
         """The layers whose ready jobs may compute now, lowest first, and None (wait) if useful."""
         layers = sorted({state.jobs[r].layer for r in state.ready})
@@ -415,13 +426,7 @@ def best_schedule(
         if any(now <= mark[0] + 1e-12 and ln <= mark[1] + 1e-12 for now, ln in marks):
             return
         marks.append(mark)
-        for choice in model.options(state):
-            child = state.copy()
-            if choice is None:
-                if not model.wait(child):
-                    continue
-            else:
-                model.compute(child, choice)
+        for child in model.children(state):
             visit(child)
 
     visit(model.start())
@@ -449,13 +454,7 @@ def pilot_schedule(case: SmallCase, grouping: Grouping) -> Schedule:
     played = 1
     while not model.done(state):
         options = []
-        for choice in model.options(state):
-            child = state.copy()
-            if choice is None:
-                if not model.wait(child):
-                    continue
-            else:
-                model.compute(child, choice)
+        for child in model.children(state):
             schedule = _play(model, child.copy(), grouping)
             played += 1
             if schedule.makespan < best.makespan - 1e-12:
