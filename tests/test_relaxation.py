@@ -7,12 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import best_schedule, run_policy
-from runahead.jobs import Job
-from runahead.relaxation import Level, case_floor, floor, level
+from runahead.bound import SmallCase, best_schedule, run_policy
+from runahead.jobs import Job, RequestSpec, distinct_experts
+from runahead.relaxation import Level, case_floor, case_levels, floor, level
 from runahead.scheduling import Grouping
 
 from boundhelpers import one_layer_case, three_request_case
+from simhelpers import COSTS, random_trace, simulate
 
 
 def experts_cost(jobs: Sequence[Job]) -> float:
@@ -60,3 +61,27 @@ def test_bad_levels_are_refused() -> None:
         level([], experts_cost)
     with pytest.raises(ValueError, match="costs more than its split"):
         floor([Level(2.0, 1.0, 2.0)], 0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_sims_schedules_never_beat_the_floor(seed: int) -> None:
+    # the runtime itself (read latency, four reads in flight, a small cache that evicts and reads
+    # again), every grouping: its makespan is never below the floor of its trace and its reads
+    requests, steps, layers = 4, 5, 4
+    trace = random_trace(requests, steps, layers, experts=12, top_k=2, seed=seed)
+    selections = [
+        [[tuple(trace.selections(r)[s][layer]) for layer in range(layers)] for s in range(steps)]
+        for r in range(requests)
+    ]
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return COSTS.compute_time(jobs[0].layer, [1] * len(jobs), [1] * len(jobs), distinct_experts(jobs))
+
+    case = SmallCase(selections, frozenset(), COSTS.transfer_s, group_s)
+    levels = [item for step in range(steps) for item in case_levels(case, step)]
+    specs = [RequestSpec(r, steps) for r in range(requests)]
+    for policy in ("runahead", "runahead/grouping=opportunistic", "sync", "runahead/grouping=static:2:2"):
+        runtime = simulate(trace, policy=policy, slots=10, requests=specs)
+        recorder = runtime.recorder
+        makespan = max(t for _, _, t in recorder.tokens)
+        assert floor(levels, recorder.reads * COSTS.transfer_s) <= makespan + 1e-9, policy
