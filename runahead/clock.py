@@ -86,6 +86,12 @@ class SimulationStalled(RuntimeError):
     """Every task waited with nothing scheduled: in virtual time, nothing could ever happen again."""
 
 
+def wait_ticks(timeout: float) -> int:
+    """Whole ticks a wait of ``timeout`` seconds advances the virtual clock: rounded up (minus float
+    noise), so the timer that set ``timeout`` is due; at least one unless the wait is zero."""
+    return 0 if timeout == 0 else max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
+
+
 class _VirtualSelector(selectors.DefaultSelector):
     """A wait for ``timeout`` advances the virtual clock instead; real I/O is polled (without
     waiting) only when nothing at all is scheduled, just before declaring the run stalled.
@@ -108,9 +114,8 @@ class _VirtualSelector(selectors.DefaultSelector):
         if timeout is not None:
             # Nothing in a simulation waits on real I/O (a thread's call_soon_threadsafe queues its
             # callback before it writes the wake-up pipe), so the clock moves without a syscall,
-            # rounded up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
-            wait = 0 if timeout == 0 else max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
-            self.ticks += max(0, wait - charged)  # time already charged counts towards the wait
+            # in whole ticks (wait_ticks); time already charged counts towards the wait.
+            self.ticks += max(0, wait_ticks(timeout) - charged)
             return []
         ready = super().select(0)  # about to stall: real I/O is the last thing that could happen
         if ready:
@@ -287,6 +292,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector = self._virtual
         resolution = loop._clock_resolution
         heappop = heapq.heappop
+        charging = selector.charge_cpu
         while True:
             scheduled: list[Any] = loop._scheduled
             count = len(scheduled)
@@ -305,11 +311,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                     loop._timer_cancelled_count -= 1
                     heappop(scheduled)[1]._scheduled = False
             if ready or loop._stopping:
-                if selector.charge_cpu:
+                if charging:
                     selector.select(0)  # charges the CPU time; no I/O happens in a simulation
             elif scheduled:
-                when = scheduled[0][0]
-                selector.select(min(max(0, when - selector.ticks / TICKS_PER_S), _MAX_TIMEOUT))
+                timeout = min(max(0, scheduled[0][0] - selector.ticks / TICKS_PER_S), _MAX_TIMEOUT)
+                if charging:
+                    selector.select(timeout)
+                else:  # the selector's wait without its method call: nothing to charge
+                    selector.ticks += wait_ticks(timeout)
             else:
                 loop._process_events(selector.select(None))
             end_time = selector.ticks / TICKS_PER_S + resolution  # self.time(), inlined
