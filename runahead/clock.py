@@ -86,6 +86,12 @@ class SimulationStalled(RuntimeError):
     """Every task waited with nothing scheduled: in virtual time, nothing could ever happen again."""
 
 
+def wait_ticks(timeout: float) -> int:
+    """Whole ticks a wait of ``timeout`` seconds advances the virtual clock: rounded up (minus float
+    noise), so the timer that set ``timeout`` is due; at least one unless the wait is zero."""
+    return 0 if timeout == 0 else max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
+
+
 class _VirtualSelector(selectors.DefaultSelector):
     """A wait for ``timeout`` advances the virtual clock instead; real I/O is polled (without
     waiting) only when nothing at all is scheduled, just before declaring the run stalled.
@@ -108,9 +114,8 @@ class _VirtualSelector(selectors.DefaultSelector):
         if timeout is not None:
             # Nothing in a simulation waits on real I/O (a thread's call_soon_threadsafe queues its
             # callback before it writes the wake-up pipe), so the clock moves without a syscall,
-            # rounded up to whole ticks (minus float noise) so the timer that set ``timeout`` is due.
-            wait = 0 if timeout == 0 else max(1, math.ceil(timeout * TICKS_PER_S - 1e-3))
-            self.ticks += max(0, wait - charged)  # time already charged counts towards the wait
+            # in whole ticks (wait_ticks); time already charged counts towards the wait.
+            self.ticks += max(0, wait_ticks(timeout) - charged)
             return []
         ready = super().select(0)  # about to stall: real I/O is the last thing that could happen
         if ready:
@@ -270,61 +275,77 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return self.call_at(self.time() + delay, callback, *args, context=context)
 
     def _run_once(self) -> None:
-        """asyncio's ``_run_once``: drop cancelled timers, wait (advance the clock), move due timers
-        to the ready queue, run the callbacks that were ready at its start."""
+        """asyncio's ``_run_once``, repeated until the loop is stopping: drop cancelled timers, wait
+        (advance the clock), move due timers to the ready queue, run the callbacks that were ready
+        at the iteration's start; then the next iteration.
+
+        ``run_forever`` calls ``_run_once`` again until ``_stopping`` is set after one; iterating
+        here, with the same test after each iteration, runs the same iterations without a method
+        call and this prologue per iteration. It returns to asyncio's own method when debug mode is
+        turned on.
+        """
         loop: Any = self  # asyncio's private attributes are not typed
         if loop._debug:
             super()._run_once()  # type: ignore[misc]
             return
-        scheduled: list[Any] = loop._scheduled
-        count = len(scheduled)
-        if count > _MIN_SCHEDULED and loop._timer_cancelled_count / count > _MIN_CANCELLED_FRACTION:
-            kept = []
-            for entry in scheduled:
-                if entry[1]._cancelled:
-                    entry[1]._scheduled = False
-                else:
-                    kept.append(entry)
-            heapq.heapify(kept)
-            scheduled = loop._scheduled = kept
-            loop._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0][1]._cancelled:
-                loop._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)[1]._scheduled = False
         ready = loop._ready
         selector = self._virtual
-        if ready or loop._stopping:
-            if selector.charge_cpu:
-                selector.select(0)  # charges the CPU time; no I/O happens in a simulation
-        elif scheduled:
-            when = scheduled[0][0]
-            selector.select(min(max(0, when - selector.ticks / TICKS_PER_S), _MAX_TIMEOUT))
-        else:
-            loop._process_events(selector.select(None))
-        end_time = selector.ticks / TICKS_PER_S + loop._clock_resolution  # self.time(), inlined
-        while scheduled:
-            if scheduled[0][0] >= end_time:
-                break
-            timer = heapq.heappop(scheduled)[1]
-            timer._scheduled = False
-            ready.append(timer)
-        for _ in range(len(ready)):
-            handle = ready.popleft()
-            if handle._cancelled:
-                continue
-            try:
-                handle._context.run(handle._callback, *handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as error:  # as asyncio.Handle._run
-                callback = format_helpers._format_callback_source(handle._callback, handle._args)
-                message = f"Exception in callback {callback}"
-                context = {"message": message, "exception": error, "handle": handle}
-                if handle._source_traceback:
-                    context["source_traceback"] = handle._source_traceback
-                self.call_exception_handler(context)
-        handle = None  # break cycles when an exception occurs
+        resolution = loop._clock_resolution
+        heappop = heapq.heappop
+        charging = selector.charge_cpu
+        while True:
+            scheduled: list[Any] = loop._scheduled
+            count = len(scheduled)
+            if count > _MIN_SCHEDULED and loop._timer_cancelled_count / count > _MIN_CANCELLED_FRACTION:
+                kept = []
+                for entry in scheduled:
+                    if entry[1]._cancelled:
+                        entry[1]._scheduled = False
+                    else:
+                        kept.append(entry)
+                heapq.heapify(kept)
+                scheduled = loop._scheduled = kept
+                loop._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0][1]._cancelled:
+                    loop._timer_cancelled_count -= 1
+                    heappop(scheduled)[1]._scheduled = False
+            if ready or loop._stopping:
+                if charging:
+                    selector.select(0)  # charges the CPU time; no I/O happens in a simulation
+            elif scheduled:
+                timeout = min(max(0, scheduled[0][0] - selector.ticks / TICKS_PER_S), _MAX_TIMEOUT)
+                if charging:
+                    selector.select(timeout)
+                else:  # the selector's wait without its method call: nothing to charge
+                    selector.ticks += wait_ticks(timeout)
+            else:
+                loop._process_events(selector.select(None))
+            end_time = selector.ticks / TICKS_PER_S + resolution  # self.time(), inlined
+            while scheduled:
+                if scheduled[0][0] >= end_time:
+                    break
+                timer = heappop(scheduled)[1]
+                timer._scheduled = False
+                ready.append(timer)
+            for _ in range(len(ready)):
+                handle = ready.popleft()
+                if handle._cancelled:
+                    continue
+                try:
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as error:  # as asyncio.Handle._run
+                    callback = format_helpers._format_callback_source(handle._callback, handle._args)
+                    message = f"Exception in callback {callback}"
+                    context = {"message": message, "exception": error, "handle": handle}
+                    if handle._source_traceback:
+                        context["source_traceback"] = handle._source_traceback
+                    self.call_exception_handler(context)
+            handle = None  # break cycles when an exception occurs
+            if loop._stopping or loop._debug:
+                return
 
 
 def run_virtual(main: Callable[[], Coroutine[Any, Any, T]], *, charge_cpu: bool = False) -> T:

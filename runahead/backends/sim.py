@@ -162,9 +162,10 @@ class SimBackend:
         if self.zero_cost:
             await self.clock.sleep(0.0)
         else:
-            start = max(self.clock.now() + self.costs.link_latency_s, self._link_free)
+            now = self.clock.now()  # sleep_until's own reading, taken once
+            start = max(now + self.costs.link_latency_s, self._link_free)
             self._link_free = start + self.costs.fetch_transfer_time()
-            await self.clock.sleep_until(self._link_free)
+            await self.clock.sleep(self._link_free - now)
         del self._reading[slot]
         self._landed[slot] = expert
 
@@ -281,9 +282,13 @@ class SimBackend:
 
     def _duration(self, group: Group, states: list[_SimRequest]) -> float:
         """The cost model's time for the group; waves before the last pay for their experts only."""
-        final = [(job, state) for job, state in zip(group.jobs, states, strict=True) if not job.remaining]
-        share = [_wave_share(job, self.experts_per_job) for job in group.jobs]
-        routed_fraction = sum(share) / len(share)
+        jobs = group.jobs
+        if any(map(_wave_of, jobs)) or any(map(_remaining_of, jobs)):  # a job split in waves
+            final = [(job, state) for job, state in zip(jobs, states, strict=True) if not job.remaining]
+            share = [_wave_share(job, self.experts_per_job) for job in jobs]
+            routed_fraction = sum(share) / len(share)
+        else:  # no job split in waves: each does all of its experts' work (a share of 1.0 each)
+            final, routed_fraction = list(zip(jobs, states, strict=True)), 1.0
         if not final:
             tokens = [job.num_tokens for job in group.jobs]
             contexts = [state.spec.prompt_tokens + state.position for state in states]
@@ -300,6 +305,10 @@ class SimBackend:
         return self.costs.compute_time(
             group.layer, tokens, contexts, group.distinct_experts(), routed_fraction=routed_fraction
         )
+
+
+_wave_of = operator.attrgetter("wave")
+_remaining_of = operator.attrgetter("remaining")
 
 
 def _wave_share(job: Job, budget: int) -> float:

@@ -1,0 +1,83 @@
+"""`runahead bench paper`'s wall time, one source tree after another on the same machine.
+
+Each tree (a folder holding a ``runahead`` package, e.g. ``git archive <rev> runahead | tar -x -C DIR``)
+runs the whole paper bench in a fresh process (``python -P``: that tree's package, not the current
+folder's) into a fresh output folder, one tree after the other (never both at once: they would share
+the cores). Reports each tree's wall and CPU time and number of points, and, over the points both
+trees ran (matched by the rows' ``point_key``), the sum of the rows' own ``wall_s``: the trees may differ
+in their point lists (later trees add systems to the figures).
+
+    python bench/paper_wall.py --before /tmp/old-src --after /tmp/new-src [--quick] [--workers 2]
+
+Needs a quiet machine: wall time is what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def run_tree(tree: Path, quick: bool, workers: int) -> dict[str, Any]:
+    """One tree's whole paper bench: wall, children's CPU, and each point's own seconds."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    with tempfile.TemporaryDirectory(prefix="paper-wall-") as out:
+        command = [sys.executable, "-P", "-m", "runahead", "bench", "paper", "--out", out]
+        command += ["--workers", str(workers), "--no-resume", "--quiet"] + (["--quick"] if quick else [])
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            failed = f"{tree}: runahead bench paper failed ({done.returncode})"
+            raise SystemExit(f"{failed}:\n{done.stderr[-2000:]}")
+        rows = [json.loads(line) for line in (Path(out) / "rows.jsonl").read_text().splitlines() if line]
+    points = {row["point_key"]: float(row["wall_s"]) for row in rows}
+    return {
+        "tree": str(tree),
+        "wall_s": wall,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "points": points,
+    }
+
+
+def main() -> int:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--before", type=Path, required=True, help="folder holding the before tree's package")
+    parser.add_argument("--after", type=Path, required=True, help="folder holding the after tree's package")
+    parser.add_argument("--quick", action="store_true", help="the paper bench's short settings")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write both runs' figures here")
+    args = parser.parse_args()
+    runs = []
+    for name, tree in (("before", args.before), ("after", args.after)):
+        if not (tree / "runahead" / "__init__.py").is_file():
+            raise SystemExit(f"{tree} holds no runahead package")
+        print(f"{name}: {tree} ...", flush=True)
+        runs.append(run_tree(tree, args.quick, args.workers))
+    before, after = runs
+    common = sorted(set(before["points"]) & set(after["points"]))
+    sums = [sum(run["points"][label] for label in common) for run in runs]
+    for name, run in zip(("before", "after"), runs, strict=True):
+        print(f"{name}: wall {run['wall_s']:.1f} s, CPU {run['cpu_s']:.1f} s, {len(run['points'])} points")
+    wall, cpu = after["wall_s"] / before["wall_s"], after["cpu_s"] / before["cpu_s"]
+    print(f"after / before: wall {wall:.3f}, CPU {cpu:.3f}")
+    ratio = sums[1] / sums[0]
+    print(f"{len(common)} points in both: {sums[0]:.1f} s -> {sums[1]:.1f} s, per point summed ({ratio:.3f})")
+    if args.json:
+        args.json.write_text(json.dumps({"before": before, "after": after, "common": len(common)}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
