@@ -8,7 +8,7 @@ import time
 import pytest
 
 from runahead.bench import BenchPoint, fit_overhead, run_point
-from runahead.clock import VirtualTimeLoop, run_virtual
+from runahead.clock import TICKS_PER_S, VirtualTimeLoop, _VirtualSelector, run_virtual
 
 
 def _burn(seconds: float) -> None:
@@ -101,3 +101,15 @@ def test_the_paper_runner_charges_every_bench_point_when_asked() -> None:
     assert len(charged) == len(plain) > 50
     assert all(p.charge_overhead for p in charged) and not any(p.charge_overhead for p in plain)
     assert not {point_key(p) for p in plain} & {point_key(p) for p in charged}  # stored apart
+
+
+def test_the_charge_leaves_out_its_own_polls() -> None:
+    selector = _VirtualSelector(charge_cpu=True)
+    assert selector.poll_ns > 0
+    polls = 20_000
+    start = time.thread_time_ns()
+    for _ in range(polls):
+        selector.select(0)  # a poll: the clock reading and the charge's arithmetic, nothing else
+    spent_ns = time.thread_time_ns() - start
+    charged_ns = selector.charged_ticks * (1_000_000_000 // TICKS_PER_S)
+    assert charged_ns <= spent_ns // 2  # without leaving them out it would be all of it
