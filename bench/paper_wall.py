@@ -9,6 +9,9 @@ in their point lists (later trees add systems to the figures).
 
     python bench/paper_wall.py --before /tmp/old-src --after /tmp/new-src [--quick] [--workers 2]
 
+``--before-paper-grouping`` matches a tree from before issue 11's grouping (f221470, when issue 14
+was filed), whose plain ``runahead`` is today's ``runahead/grouping=opportunistic``.
+
 Needs a quiet machine: wall time is what it measures.
 """
 
@@ -41,13 +44,25 @@ def run_tree(tree: Path, quick: bool, workers: int) -> dict[str, Any]:
             failed = f"{tree}: runahead bench paper failed ({done.returncode})"
             raise SystemExit(f"{failed}:\n{done.stderr[-2000:]}")
         rows = [json.loads(line) for line in (Path(out) / "rows.jsonl").read_text().splitlines() if line]
-    points = {row["point_key"]: float(row["wall_s"]) for row in rows}
+    timed = [row for row in rows if "wall_s" in row]  # Fig. 1's precision replays have no wall_s
+    points = {row["point_key"]: float(row["wall_s"]) for row in timed}
     return {
         "tree": str(tree),
         "wall_s": wall,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "points": points,
     }
+
+
+def as_opportunistic(key: str) -> str:
+    """A stored point key from a tree older than the bottleneck-aware grouping (issue 11), where
+    ``runahead[...]`` was the paper's grouping: the same point's key today."""
+    fields = json.loads(key)
+    policy = fields.get("policy")
+    if isinstance(policy, str) and policy.startswith("runahead") and "grouping=" not in policy:
+        name, *knobs = policy.split("/")
+        fields["policy"] = "/".join([name, "grouping=opportunistic", *knobs])
+    return json.dumps(fields, sort_keys=True)
 
 
 def main() -> int:
@@ -58,6 +73,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the paper bench's short settings")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write both runs' figures here")
+    parser.add_argument(
+        "--before-paper-grouping",
+        action="store_true",
+        help="the before tree predates bottleneck grouping: its plain runahead is the paper's grouping",
+    )
     args = parser.parse_args()
     runs = []
     for name, tree in (("before", args.before), ("after", args.after)):
@@ -66,6 +86,8 @@ def main() -> int:
         print(f"{name}: {tree} ...", flush=True)
         runs.append(run_tree(tree, args.quick, args.workers))
     before, after = runs
+    if args.before_paper_grouping:
+        before["points"] = {as_opportunistic(key): s for key, s in before["points"].items()}
     common = sorted(set(before["points"]) & set(after["points"]))
     sums = [sum(run["points"][label] for label in common) for run in runs]
     for name, run in zip(("before", "after"), runs, strict=True):
