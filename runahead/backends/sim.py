@@ -283,12 +283,12 @@ class SimBackend:
     def _duration(self, group: Group, states: list[_SimRequest]) -> float:
         """The cost model's time for the group; waves before the last pay for their experts only."""
         jobs = group.jobs
-        if any(map(_wave_of, jobs)) or any(map(_remaining_of, jobs)):  # a job split in waves
-            final = [(job, state) for job, state in zip(jobs, states, strict=True) if not job.remaining]
+        final = [(job, state) for job, state in zip(jobs, states, strict=True) if not job.remaining]
+        if len(final) < len(jobs) or any(map(_wave_of, jobs)):  # a job split in waves
             share = [_wave_share(job, self.experts_per_job) for job in jobs]
             routed_fraction = sum(share) / len(share)
-        else:  # no job split in waves: each does all of its experts' work (a share of 1.0 each)
-            final, routed_fraction = list(zip(jobs, states, strict=True)), 1.0
+        else:  # each job does all of its experts' work: a share of 1.0 each, without a call per job
+            routed_fraction = 1.0
         if not final:
             tokens = [job.num_tokens for job in group.jobs]
             contexts = [state.spec.prompt_tokens + state.position for state in states]
@@ -308,7 +308,6 @@ class SimBackend:
 
 
 _wave_of = operator.attrgetter("wave")
-_remaining_of = operator.attrgetter("remaining")
 
 
 def _wave_share(job: Job, budget: int) -> float:
