@@ -30,6 +30,7 @@ from runahead.bench import cache_slots, warm_keys
 from runahead.bound import SmallCase, best_schedule, pilot_schedule, run_policy
 from runahead.costs import CostModel
 from runahead.jobs import Job
+from runahead.metrics import overlap_limit
 from runahead.relaxation import case_floor
 from runahead.scheduling import Grouping
 from runahead.specs import load_model_spec, load_profile
@@ -78,7 +79,7 @@ def measure(model: str, profile: str, requests: int, layers: int | None, cache: 
             best = None
     seconds = time.perf_counter() - started
     sync = played["sync"]
-    limit = (sync.compute_s + sync.fetch_s) / max(sync.compute_s, sync.fetch_s)
+    limit = overlap_limit(sync.compute_s, sync.fetch_s)
     row: dict[str, object] = {
         "model": model,
         "profile": profile,

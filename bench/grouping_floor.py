@@ -27,6 +27,7 @@ from runahead.bench import BenchPoint
 from runahead.bench_requests import request_specs
 from runahead.costs import CostModel
 from runahead.jobs import ENTRY_LAYER, Job, distinct_experts
+from runahead.metrics import overlap_limit
 from runahead.relaxation import Level, floor, level
 from runahead.specs import load_model_spec, load_profile
 from runahead.synthetic import default_trace
@@ -77,7 +78,7 @@ def main() -> None:
         reads = min(row["fetches"] for row in by.values()) * costs.fetch_transfer_time()
         step = floor(levels, reads) / steps
         sync = by["sync"]
-        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+        limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
         floor_x = sync["step_time_s"] / step
         shares = []
         for policy in (PAPER, NEW):

@@ -20,7 +20,7 @@ import runahead.scheduling as scheduling
 from runahead.bench import BenchPoint, run_point
 from runahead.bottleneck import Regrouped
 from runahead.jobs import ENTRY_LAYER
-from runahead.metrics import Recorder, union
+from runahead.metrics import Recorder, overlap_limit, union
 
 DECISIONS: Counter[str] = Counter()
 FOREGONE: list[float] = []
@@ -125,7 +125,7 @@ def main() -> None:
     costs = runtime.backend.costs
     stats = analyse(runtime.recorder, costs.fetch_transfer_time(), costs.model.num_layers - 1)
     sync, new = rows["sync"], rows[args.policy]
-    limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+    limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
     x = new["tokens_per_s"] / sync["tokens_per_s"]
     print(
         f"{args.model} {args.profile} {args.concurrency} requests, {args.cache_fraction:.0%} cache, "

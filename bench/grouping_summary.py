@@ -17,6 +17,8 @@ from typing import Any
 
 from summarize import load  # bench/summarize.py: the rows of results.jsonl files
 
+from runahead.metrics import overlap_limit
+
 PAPER = "runahead/grouping=opportunistic"
 NEW = "runahead/grouping=bottleneck"
 
@@ -31,7 +33,7 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not {"sync", PAPER, NEW} <= by.keys():
             continue
         sync = by["sync"]
-        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+        limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
         entry: dict[str, Any] = {
             "model": model,
             "profile": profile,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from runahead.medium import MEDIUM_CONFIG, build_cached, cache_dir
+from runahead.metrics import overlap_limit
 from runahead.torchbench import TorchPoint, run_torch_point
 
 MLX_MEDIUM: dict[str, Any] = {
@@ -166,7 +167,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         }
         compute = {p: median(r["compute_s"] for r in rs) for p, rs in by.items()}
         fetch = median(r["fetch_s"] for r in by["sync"])
-        limit = (compute["sync"] + fetch) / max(compute["sync"], fetch)
+        limit = overlap_limit(compute["sync"], fetch)
         share = (median(pairs["runahead"]) - 1) / (limit - 1) if limit > 1 else float("nan")
         fetches = {p: median(r["fetches_per_step"] for r in rs) for p, rs in by.items()}
         prefetched = sum(r["prefetches"] for r in by["prefetch-gate"])

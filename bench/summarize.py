@@ -15,6 +15,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from runahead.metrics import overlap_limit
+
 PREFETCHERS = ("prefetch-gate", "prefetch-history")
 
 
@@ -37,7 +39,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sync, runahead = by_policy.get("sync"), by_policy.get("runahead")
         if not sync or not runahead:
             continue
-        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+        limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
         speedup = runahead["tokens_per_s"] / sync["tokens_per_s"]
         prefetchers = [by_policy[p]["tokens_per_s"] for p in PREFETCHERS if p in by_policy]
         out.append({

@@ -166,6 +166,12 @@ def clip(intervals: list[Interval], start: float, end: float) -> list[Interval]:
     return [(max(s, start), min(e, end)) for s, e in intervals if e > start and s < end]
 
 
+def overlap_limit(compute_s: float, fetch_s: float) -> float:
+    """The most a schedule that overlaps the link with compute can gain over doing them in turn:
+    ``(compute + fetch) / max(compute, fetch)`` of sync's own row (the issues' and figures' limit)."""
+    return (compute_s + fetch_s) / max(compute_s, fetch_s)
+
+
 def summarize(recorder: Recorder, stats: CacheStats, steps: float, *, skip_steps: int = 0) -> RunMetrics:
     """Reduce a run's log to :class:`RunMetrics`; ``steps`` is how many decode steps it made.
 

@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from runahead.metrics import overlap_limit
 from runahead.paper.figures import single_job_fraction
 from runahead.paper.settings import BOTTLENECK, PAPER, PAPER_PREFETCH
 
@@ -33,7 +34,7 @@ def speedups(rows: Sequence[Row]) -> list[dict[str, Any]]:
             continue
         sync, runahead = by["sync"], by[PAPER]
         best = max(by[p]["tokens_per_s"] for p in PREFETCHERS)
-        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+        limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
         out.append(
             {
                 "point": dict(
