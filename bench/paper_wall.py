@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from runahead.paper.runner import load_rows
+
 
 def run_tree(tree: Path, quick: bool, workers: int) -> dict[str, Any]:
     """One tree's whole paper bench: wall, children's CPU, and each point's own seconds."""
@@ -43,9 +45,9 @@ def run_tree(tree: Path, quick: bool, workers: int) -> dict[str, Any]:
         if done.returncode != 0:
             failed = f"{tree}: runahead bench paper failed ({done.returncode})"
             raise SystemExit(f"{failed}:\n{done.stderr[-2000:]}")
-        rows = [json.loads(line) for line in (Path(out) / "rows.jsonl").read_text().splitlines() if line]
-    timed = [row for row in rows if "wall_s" in row]  # Fig. 1's precision replays have no wall_s
-    points = {row["point_key"]: float(row["wall_s"]) for row in timed}
+        rows = load_rows(Path(out) / "rows.jsonl")
+    # Fig. 1's precision replays have no wall_s
+    points = {key: float(row["wall_s"]) for key, row in rows.items() if "wall_s" in row}
     return {
         "tree": str(tree),
         "wall_s": wall,
@@ -89,7 +91,7 @@ def main() -> int:
     if args.before_paper_grouping:
         before["points"] = {as_opportunistic(key): s for key, s in before["points"].items()}
     common = sorted(set(before["points"]) & set(after["points"]))
-    sums = [sum(run["points"][label] for label in common) for run in runs]
+    sums = [sum(run["points"][key] for key in common) for run in runs]
     for name, run in zip(("before", "after"), runs, strict=True):
         print(f"{name}: wall {run['wall_s']:.1f} s, CPU {run['cpu_s']:.1f} s, {len(run['points'])} points")
     wall, cpu = after["wall_s"] / before["wall_s"], after["cpu_s"] / before["cpu_s"]
