@@ -22,7 +22,7 @@ from runahead.backends.sim import SimBackend
 from runahead.bench_requests import WORKLOADS, request_specs
 from runahead.clock import run_virtual
 from runahead.costs import CostModel
-from runahead.jobs import ExpertKey, RequestSpec
+from runahead.jobs import ExpertId, ExpertKey, RequestSpec, expert_ids, expert_key
 from runahead.metrics import (
     Recorder,
     RunMetrics,
@@ -105,13 +105,18 @@ def cache_slots(model: ModelSpec, cache_fraction: float) -> int:
     return max(1, round(cache_fraction * model.num_layers * model.num_experts))
 
 
-def warm_keys(trace: RoutingTrace, requests: int, steps: int) -> Iterator[ExpertKey]:
-    """The experts of the trace's first ``steps`` steps in decode order: what a prompt left cached."""
+def warm_ids(trace: RoutingTrace, requests: int, steps: int) -> Iterator[ExpertId]:
+    """The experts of the trace's first ``steps`` steps in decode order (step by step, layer by
+    layer, request by request): what a prompt left cached, as ids."""
     for step in range(steps):
         for layer in range(trace.num_layers):
             for request in range(requests):
-                for expert in trace.selections(request % trace.num_requests)[step][layer]:
-                    yield ExpertKey(layer, expert)
+                yield from expert_ids(layer, trace.selections(request % trace.num_requests)[step][layer])
+
+
+def warm_keys(trace: RoutingTrace, requests: int, steps: int) -> Iterator[ExpertKey]:
+    """:func:`warm_ids` as keys."""
+    return map(expert_key, warm_ids(trace, requests, steps))
 
 
 def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: Any = None) -> dict[str, Any]:
@@ -156,7 +161,7 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         prefill_chunk=point.prefill_chunk,
     )
     runtime = Runtime(backend, config)
-    runtime.warm_cache(warm_keys(trace, point.concurrency, point.warmup_steps))
+    runtime.cache.warm_ids(warm_ids(trace, point.concurrency, point.warmup_steps))
     charge = point.charge_overhead
     wall, cpu = time.perf_counter(), time.process_time()
     if point.workload == "agentic":

@@ -149,18 +149,27 @@ class ExpertCache:
 
         Models the cache contents left by a prompt's prefill; evicts as a fetch would.
         """
-        for expert in map(expert_id, keys):
-            self.eviction.touch(expert)
-            if expert in self._resident or expert in self._pending or expert in self._refs:
-                if expert in self._idle:
-                    self.eviction.add(expert)  # a use refreshes its recency
+        self.warm_ids(map(expert_id, keys))
+
+    def warm_ids(self, experts: Iterable[ExpertId]) -> None:
+        """:meth:`warm` by id: each expert in turn is used once, loaded if absent (evicting as a
+        fetch would), and refreshed as an eviction candidate if it was one."""
+        eviction = self.eviction
+        touch, add = eviction.touch, eviction.add
+        resident, pending, refs, idle = self._resident, self._pending, self._refs, self._idle
+        free_slots = self._free_slots
+        for expert in experts:
+            touch(expert)
+            if expert in resident or expert in pending or expert in refs:
+                if expert in idle:
+                    add(expert)  # a use refreshes its recency
                 continue
-            slot = self._take_slot()
+            slot = free_slots.pop() if free_slots else self._take_slot()
             if slot is None:
                 raise CacheFullError("cannot warm the cache: every slot is pinned")
-            self._resident[expert] = slot
-            self._idle.add(expert)
-            self.eviction.add(expert)
+            resident[expert] = slot
+            idle.add(expert)
+            add(expert)
 
     # -- queries by id ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ every prediction is prefetched). The first ``warmup_steps`` tokens fill the cach
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ def replay_precision(
     if cache != "none" and capacity < trace.top_k:
         raise ValueError(f"a cache of {capacity} entries cannot hold one layer's {trace.top_k} experts")
     rng = np.random.default_rng([seed, 0xCAC4E])
+    every_expert = list(range(experts))
     prefetched = useful = needed_total = held = 0
     for request in range(trace.num_requests):
         selections, predictions = trace.selections(request), trace.predictions(request)
@@ -65,34 +66,28 @@ def replay_precision(
             counted = step >= warmup_steps
             for layer in range(layers):
                 needed = selections[step][layer]
-                if counted and layer > 0 and predictions[step][layer]:
-                    held_here = {e for e in needed if (layer, e) in resident}
+                keys = [(layer, e) for e in needed]
+                held_now = sum(map(resident.__contains__, keys))
+                predicted = predictions[step][layer]
+                if counted and layer > 0 and predicted:
                     if cache == "random":
-                        others = [e for e in range(experts) if e not in needed]
-                        count = per_layer[layer] - len(held_here)
-                        picks: list[int] = (
-                            rng.choice(len(others), size=count, replace=False).tolist() if count else []
+                        fetch = _random_view_misses(
+                            rng, every_expert, needed, per_layer[layer], held_now, predicted
                         )
-                        view = {others[i] for i in picks}
-                        view.update(rng.choice(needed, size=len(held_here), replace=False).tolist())
+                    elif cache == "none":
+                        fetch = list(predicted)
                     else:
-                        view = (
-                            {e for e in range(experts) if (layer, e) in resident}
-                            if cache != "none"
-                            else set()
-                        )
-                    fetch = [e for e in predictions[step][layer] if e not in view]
+                        fetch = [e for e in predicted if (layer, e) not in resident]
                     prefetched += len(fetch)
                     useful += sum(1 for e in fetch if e in needed)
                 if counted:
                     needed_total += len(needed)
-                    held += sum(1 for e in needed if (layer, e) in resident)
+                    held += held_now
                 if cache == "none":
                     continue
-                keys = [(layer, e) for e in needed]
                 for key in keys:
                     policy.touch(key)
-                per_layer[layer] += sum(1 for key in keys if key not in resident)
+                per_layer[layer] += len(keys) - held_now
                 for victim in use_in_replay(policy, resident, capacity, keys):
                     per_layer[victim[0]] -= 1  # type: ignore[index]
     return {
@@ -103,6 +98,27 @@ def replay_precision(
         "held": held,
         "hold_fraction": held / needed_total if needed_total else float("nan"),
     }
+
+
+def _random_view_misses(
+    rng: np.random.Generator,
+    every_expert: list[int],
+    needed: Sequence[int],
+    resident_here: int,
+    held_here: int,
+    predicted: Sequence[int],
+) -> list[int]:
+    """The predicted experts a randomized cache does not hold: one holding ``resident_here`` of the
+    layer's experts, ``held_here`` of them needed, each drawn uniformly at random (in this order:
+    the others, then the needed ones, so a seed gives the same draws as ever)."""
+    others = every_expert.copy()
+    for e in sorted(needed, reverse=True):  # the layer's experts but the needed (distinct) ones
+        del others[e]
+    count = resident_here - held_here
+    picks: list[int] = rng.choice(len(others), size=count, replace=False).tolist() if count else []
+    view = {others[i] for i in picks}
+    view.update(rng.choice(needed, size=held_here, replace=False).tolist())
+    return [e for e in predicted if e not in view]
 
 
 def run_precision_point(point: PrecisionPoint) -> dict[str, Any]:
