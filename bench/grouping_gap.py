@@ -18,7 +18,7 @@ from typing import Any
 
 import runahead.scheduling as scheduling
 from runahead.bench import BenchPoint, run_point
-from runahead.bottleneck import Regrouped
+from runahead.bottleneck import HoldVerdict
 from runahead.jobs import ENTRY_LAYER
 from runahead.metrics import Recorder, overlap_limit, union
 
@@ -26,28 +26,20 @@ DECISIONS: Counter[str] = Counter()
 FOREGONE: list[float] = []
 
 
-def _traced_hold_until(original: Any) -> Any:
-    def traced(now, ready, waiting, link_free_at, group_s, *, tail=False, pricer=None):  # type: ignore[no-untyped-def]
-        result = original(now, ready, waiting, link_free_at, group_s, tail=tail, pricer=pricer)
+def _traced_weigh_hold(original: Any) -> Any:
+    """``weigh_hold``, counting each verdict by kind (held, or declined and why)."""
+
+    def traced(*args: Any, tail: bool = False, **options: Any) -> HoldVerdict:
+        verdict: HoldVerdict = original(*args, tail=tail, **options)
         kind = "tail" if tail else "mid"
-        if result is not None:
+        if verdict.deadline is not None:
             DECISIONS[f"{kind}: held"] += 1
-            return result
-        price = pricer if pricer is not None else Regrouped.pricer(group_s)
-        g_ready = price(ready).seconds()
-        best_gain = 0.0
-        for k in range(1, len(waiting) + 1):
-            start = max(now, waiting[k - 1][0])
-            joined = [job for _, job in waiting[:k]]
-            g_together = price([*ready, *joined]).seconds()
-            gain = g_ready + price(joined).seconds() - g_together - (start - now)
-            best_gain = max(best_gain, gain)
-        if best_gain <= 1e-12:
+        elif verdict.top_gain <= 1e-12:
             DECISIONS[f"{kind}: declined, no wait pays"] += 1
         else:
             DECISIONS[f"{kind}: declined by the link test"] += 1
-            FOREGONE.append(best_gain)
-        return None
+            FOREGONE.append(verdict.top_gain)
+        return verdict
 
     return traced
 
@@ -110,7 +102,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--policy", default="runahead/grouping=bottleneck")
     args = parser.parse_args()
-    scheduling.hold_until = _traced_hold_until(scheduling.hold_until)  # type: ignore[assignment]
+    scheduling.weigh_hold = _traced_weigh_hold(scheduling.weigh_hold)  # type: ignore[attr-defined]
     scheduling.ComputeQueue.plan = _traced_plan(scheduling.ComputeQueue.plan)  # type: ignore[method-assign]
     kept: dict[str, Any] = {}
     rows = {}

@@ -2,7 +2,7 @@
 
 When the compute unit frees up, the scheduler actor builds an :class:`Outlook` (what it knows: the
 blocked jobs, the cache's state of their experts, the link's and the compute unit's costs) and
-:meth:`runahead.scheduling.ComputeQueue.plan` asks :func:`hold_until` whether to compute the
+:meth:`runahead.scheduling.ComputeQueue.plan` asks :func:`weigh_hold` whether to compute the
 paper's opportunistic group now or :class:`Hold` it for jobs of the same layer whose reads are
 landing (:func:`landing_times`). :class:`ComputeFit` estimates a group's compute time for backends
 without a cost model; a backend with one prices candidate groups job by job (:class:`RunningGroup`).
@@ -40,7 +40,7 @@ GroupPricer = Callable[[Iterable[Job]], RunningGroup]
 @dataclass(slots=True)
 class Regrouped:
     """A :class:`RunningGroup` for a plain ``group_s``: it keeps the jobs and prices them all at each
-    :meth:`seconds` (what :func:`hold_until` does without a pricer)."""
+    :meth:`seconds` (what :func:`weigh_hold` does without a pricer)."""
 
     group_s: Callable[[Sequence[Job]], float]
     jobs: list[Job]
@@ -142,6 +142,17 @@ def landing_times(
     return ready_at, cursor
 
 
+@dataclass(frozen=True, slots=True)
+class HoldVerdict:
+    """What :func:`weigh_hold` decided, and why."""
+
+    deadline: float | None
+    """The time to hold the ready group until; None: compute it now."""
+    top_gain: float
+    """The most compute any wait would save net of the time it idles, before the link (or tail)
+    test; 0 when no wait pays at all. Above 0 with no ``deadline``: the link test declined."""
+
+
 def hold_until(
     now: float,
     ready: Sequence[Job],
@@ -152,7 +163,22 @@ def hold_until(
     tail: bool = False,
     pricer: GroupPricer | None = None,
 ) -> float | None:
-    """Whether to hold the ready group back: None (compute it now) or the time to wait until.
+    """Whether to hold the ready group back: None (compute it now) or the time to wait until
+    (:func:`weigh_hold`'s deadline)."""
+    return weigh_hold(now, ready, waiting, link_free_at, group_s, tail=tail, pricer=pricer).deadline
+
+
+def weigh_hold(
+    now: float,
+    ready: Sequence[Job],
+    waiting: Sequence[tuple[float, Job]],
+    link_free_at: float,
+    group_s: Callable[[Sequence[Job]], float],
+    *,
+    tail: bool = False,
+    pricer: GroupPricer | None = None,
+) -> HoldVerdict:
+    """Whether to hold the ready group back, and why: a :class:`HoldVerdict`.
 
     NOTE (bottleneck-aware grouping, beyond the paper's opportunistic rule). ``ready`` are the
     ready jobs of the lowest ready layer; ``waiting`` the blocked jobs of that layer with the time
@@ -171,15 +197,15 @@ def hold_until(
       nothing before the barrier releases), instead: the layer ends no later than computing now
       and the rest as one group once the last is ready would.
 
-    Of the candidates, the one saving the most compute net of the wait; none: None (the paper's
-    rule). Pure and deterministic. ``g`` is ``group_s``; with a ``pricer`` (the same costs job by
+    Of the candidates, the one saving the most compute net of the wait; none: no deadline (the
+    paper's rule). Pure and deterministic. ``g`` is ``group_s``; with a ``pricer`` (the same costs job by
     job, bit for bit) the two groups of option ``k`` are option ``k - 1``'s grown by one job.
     """
     price = pricer if pricer is not None else Regrouped.pricer(group_s)
     together = price(ready)  # the ready group, then grown by each waiting job in turn
     g_ready = together.seconds()
     limit = _layer_done(now, g_ready, waiting, 0, price) if tail else max(link_free_at, now + g_ready)
-    best, best_gain = None, 0.0
+    best, best_gain, top_gain = None, 0.0, 0.0
     held = price(())
     for k, (at, job) in enumerate(waiting, 1):
         together.add(job)
@@ -187,12 +213,13 @@ def hold_until(
         start = max(now, at)
         g_together = together.seconds()
         gain = g_ready + held.seconds() - g_together - (start - now)
+        top_gain = max(top_gain, gain)
         if gain <= best_gain + 1e-12:
             continue
         end = _layer_done(start, g_together, waiting, k, price) if tail else start + g_together
         if end <= limit + 1e-12:
             best, best_gain = start, gain
-    return best
+    return HoldVerdict(best, top_gain)
 
 
 def _layer_done(

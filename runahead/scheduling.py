@@ -11,7 +11,7 @@ The ablations swap the compute order (``fifo``), the fetch order (``global-srtf`
 always compute together, the baseline of the paper's C1; ``sync`` is one static group of all).
 
 Beyond the paper, ``bottleneck`` grouping (:meth:`ComputeQueue.plan`; the rule itself is
-:func:`runahead.bottleneck.hold_until`) may hold the opportunistic group back until jobs of the same
+:func:`runahead.bottleneck.weigh_hold`) may hold the opportunistic group back until jobs of the same
 layer whose fetches are landing join it, when that saves more compute than the wait idles and the
 link has enough revealed work to stay busy meanwhile (plain ``runahead`` uses it).
 
@@ -31,9 +31,9 @@ from runahead.bottleneck import (
     HOLD_MIN_TAIL_SHARE,
     Hold,
     Outlook,
-    hold_until,
     landing_order,
     landing_times,
+    weigh_hold,
 )
 from runahead.cache import ExpertCache
 from runahead.jobs import ExpertId, Group, Job
@@ -159,7 +159,7 @@ class ComputeQueue:
 
         Without ``bottleneck`` grouping, or without an ``outlook``, this is :meth:`select_group`.
         With it, the opportunistic group may be held back for blocked jobs of its layer, as
-        :func:`hold_until` decides, while the compute unit is near enough to the bottleneck:
+        :func:`weigh_hold` decides, while the compute unit is near enough to the bottleneck:
         ``compute_share >= HOLD_MIN_COMPUTE_SHARE``, or ``HOLD_MIN_TAIL_SHARE`` at the tail layer
         (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). A group
         returned is the opportunistic one.
@@ -177,7 +177,7 @@ class ComputeQueue:
                     outlook.now, outlook.blocked, outlook.resident, outlook.in_flight, outlook.fetch_s
                 )
                 waiting = sorted(((landing[job.request], job) for job in same), key=landing_order)
-                deadline = hold_until(
+                deadline = weigh_hold(
                     outlook.now,
                     members,
                     waiting,
@@ -185,7 +185,7 @@ class ComputeQueue:
                     outlook.group_s,
                     tail=tail,
                     pricer=outlook.pricer,
-                )
+                ).deadline
                 if deadline is not None:
                     return Hold(deadline)
         return self.select_group(positions, lanes)

@@ -21,6 +21,7 @@ from runahead.bottleneck import (
     hold_until,
     landing_order,
     landing_times,
+    weigh_hold,
 )
 from runahead.costs import CostModel, GroupCost
 from runahead.jobs import (
@@ -109,6 +110,19 @@ def test_it_computes_now_when_the_wait_costs_more_than_the_compute_saved() -> No
     # the link stays busy either way, but 2 s of idle compute buys 1 s of shared work
     ready, late = [job(0, 3)], job(1, 3)
     assert hold_until(0.0, ready, [(2.0, late)], 5.0, shared_plus_per_job(1.0, 0.1)) is None
+
+
+def test_the_verdict_says_why_a_group_was_not_held() -> None:
+    # the same two declines as above, told apart: the link test (a wait that would save 0.5 s of
+    # compute) and no wait paying at all (it would lose 1 s); and a hold carries its gain too
+    ready, late = [job(0, 3)], job(1, 3)
+    costs = shared_plus_per_job(1.0, 0.1)
+    starved = weigh_hold(0.0, ready, [(0.5, late)], 0.0, costs)
+    assert starved.deadline is None and starved.top_gain == pytest.approx(0.5)
+    too_long = weigh_hold(0.0, ready, [(2.0, late)], 5.0, costs)
+    assert too_long.deadline is None and too_long.top_gain == 0.0
+    held = weigh_hold(0.0, ready, [(0.2, late)], 5.0, costs)
+    assert held.deadline == 0.2 and held.top_gain == pytest.approx(0.8)
 
 
 def test_it_waits_for_the_soonest_job_that_saves_a_group_and_leaves_the_late_ones() -> None:

@@ -274,11 +274,12 @@ class SimBackend:
         """
         if not job.prefill:
             return table[self.step_offset + state.decoded][layer]
-        steps = len(table)
-        union: set[int] = set()
-        for position in range(state.position, state.position + job.num_tokens):
-            union.update(table[position % steps][layer])
-        return tuple(sorted(union))
+        steps, count = len(table), job.num_tokens
+        start = state.position % steps
+        rows = table[start : start + count]
+        while len(rows) < count:  # the chunk runs past the trace's end: its start again
+            rows += table[: count - len(rows)]
+        return tuple(sorted(set(itertools.chain.from_iterable(map(operator.itemgetter(layer), rows)))))
 
     def _duration(self, group: Group, states: list[_SimRequest]) -> float:
         """The cost model's time for the group; waves before the last pay for their experts only."""
