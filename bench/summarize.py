@@ -5,7 +5,9 @@
 For every (model, profile or device, concurrency, cache fraction, barrier): runahead vs sync, the
 overlap limit (compute + fetch) / max(compute, fetch) of sync's own row, the share of that limit
 runahead reaches, runahead vs the best prefetcher, runahead's step time over its lower bound, and
-its both-busy fraction.
+its both-busy fraction. Zero-cost rows (``--zero-cost``: the runtime's own cost, no modelled time)
+have no throughput to compare and are left out; charged rows (``--charge-overhead``) are compared
+with each other, never with uncharged ones.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     points: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
+        if row.get("zero_cost"):
+            continue
         where = (row["model"], row.get("profile", row.get("device")), row["concurrency"], row["cache_fraction"],
-                 row["step_barrier"])
+                 row["step_barrier"], bool(row.get("charge_overhead")))
         points[where][row["policy"]] = row
     out = []
-    for (model, place, concurrency, fraction, barrier), by_policy in sorted(points.items()):
+    for (model, place, concurrency, fraction, barrier, _), by_policy in sorted(points.items()):
         sync, runahead = by_policy.get("sync"), by_policy.get("runahead")
         if not sync or not runahead:
             continue
@@ -48,7 +52,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "vs_sync": speedup, "limit": limit, "of_limit": (speedup - 1) / (limit - 1) if limit > 1 else 1.0,
             "vs_best_prefetch": runahead["tokens_per_s"] / max(prefetchers) if prefetchers else None,
             "bound_ratio": runahead["bound_ratio"], "overlap": runahead["overlap_fraction"],
-            "sync_c_over_f": sync["compute_s"] / sync["fetch_s"],
+            "sync_c_over_f": sync["compute_s"] / sync["fetch_s"] if sync["fetch_s"] else float("inf"),
             "runahead_plus_prefetch": (by_policy["runahead+prefetch"]["tokens_per_s"] / runahead["tokens_per_s"]
                                        if "runahead+prefetch" in by_policy else None),
         })
