@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -61,16 +62,26 @@ def run_paper(
     )
     written: list[Path] = []
     rows_of: dict[str, list[dict[str, Any]]] = {}
+    drawings: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []  # what is left: in parallel
+    if s.timeline is not None:  # the two longest first
+        timelines = out / "timeline"
+        timelines.mkdir(parents=True, exist_ok=True)
+        drawings += [(write_timeline, (timelines, s, policy)) for policy in TIMELINE_POLICIES]
     for name, points in figures.items():
         rows = [result.rows[point_key(p)] for p in dict.fromkeys(points)]
         rows_of[name] = rows
         jsonl = out / f"{name}.jsonl"
         jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows))
         png = out / f"{name}.png"
-        DRAW[name](rows, png)
+        drawings.append((DRAW[name], (rows, png)))
         written += [png, jsonl]
-    if s.timeline is not None:
-        written += write_timelines(out / "timeline", s)
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for done in [pool.submit(draw, *args) for draw, args in drawings]:
+                written += done.result() or []
+    else:
+        for draw, args in drawings:
+            written += draw(*args) or []
     summary = out / "summary.json"
     summary.write_text(json.dumps(headline(rows_of), indent=1) + "\n")
     manifest = out / "manifest.json"
@@ -91,38 +102,44 @@ def run_paper(
     return [*written, summary, manifest]
 
 
-def write_timelines(folder: Path, s: Settings, policies: Sequence[str] = ("sync", "runahead")) -> list[Path]:
+TIMELINE_POLICIES = ("sync", "runahead")
+"""The policies whose timelines ``run_paper`` writes for the representative point."""
+
+
+def write_timelines(folder: Path, s: Settings, policies: Sequence[str] = TIMELINE_POLICIES) -> list[Path]:
     """Chrome trace and PNG window of the representative point under each policy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return [path for policy in policies for path in write_timeline(folder, s, policy)]
+
+
+def write_timeline(folder: Path, s: Settings, policy: str) -> list[Path]:
+    """Chrome trace and PNG window of the representative point under ``policy``, into ``folder``."""
     from runahead.timeline import render_png, write_chrome_trace
 
     assert s.timeline is not None
     profile, model, workload = s.timeline
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for policy in policies:
-        point = BenchPoint(
-            model,
-            profile,
-            policy,
-            s.main_concurrency,
-            s.main_cache,
-            s.timeline_steps,
-            workload,
-            s.seed,
-            warmup_steps=s.warmup_steps,
-            prefill_chunk=s.prefill_chunk,
-        )
-        captured: list[Any] = []
-        row = run_point(replace(point), timeline=captured.append)
-        recorder = captured[0].recorder
-        name = policy.replace("/", "_")
-        trace, png = folder / f"{name}.json", folder / f"{name}.png"
-        write_chrome_trace(recorder, trace, name=f"{policy} {profile} {model} x{s.main_concurrency}")
-        render_png(
-            recorder,
-            png,
-            title=f"{policy}: {model} on {profile}, {s.main_concurrency} {workload} requests, "
-            f"{s.main_cache:.0%} cache ({row['tokens_per_s']:.1f} tok/s)",
-        )
-        written += [trace, png]
-    return written
+    point = BenchPoint(
+        model,
+        profile,
+        policy,
+        s.main_concurrency,
+        s.main_cache,
+        s.timeline_steps,
+        workload,
+        s.seed,
+        warmup_steps=s.warmup_steps,
+        prefill_chunk=s.prefill_chunk,
+    )
+    captured: list[Any] = []
+    row = run_point(replace(point), timeline=captured.append)
+    recorder = captured[0].recorder
+    name = policy.replace("/", "_")
+    trace, png = folder / f"{name}.json", folder / f"{name}.png"
+    write_chrome_trace(recorder, trace, name=f"{policy} {profile} {model} x{s.main_concurrency}")
+    render_png(
+        recorder,
+        png,
+        title=f"{policy}: {model} on {profile}, {s.main_concurrency} {workload} requests, "
+        f"{s.main_cache:.0%} cache ({row['tokens_per_s']:.1f} tok/s)",
+    )
+    return [trace, png]
