@@ -7,7 +7,7 @@ the cores). Reports each tree's wall and CPU time and number of points, and, ove
 trees ran (matched by the rows' ``point_key``), the sum of the rows' own ``wall_s``: the trees may differ
 in their point lists (later trees add systems to the figures).
 
-    python bench/paper_wall.py --before /tmp/old-src --after /tmp/new-src [--quick] [--workers 2]
+    python bench/paper_wall.py --before /tmp/old-src --after /tmp/new-src [--quick] [--workers 2] [--keep DIR]
 
 ``--before-paper-grouping`` matches a tree from before issue 11's grouping (f221470, when issue 14
 was filed), whose plain ``runahead`` is today's ``runahead/grouping=opportunistic``.
@@ -18,6 +18,7 @@ Needs a quiet machine: wall time is what it measures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -31,10 +32,17 @@ from typing import Any
 from runahead.paper.runner import load_rows
 
 
-def run_tree(tree: Path, quick: bool, workers: int) -> dict[str, Any]:
-    """One tree's whole paper bench: wall, children's CPU, and each point's own seconds."""
+def run_tree(tree: Path, quick: bool, workers: int, keep: Path | None = None) -> dict[str, Any]:
+    """One tree's whole paper bench: wall, children's CPU, and each point's own seconds. ``keep``:
+    the bench's output folder (a fresh one), kept for a look at its rows; else a temporary one."""
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    with tempfile.TemporaryDirectory(prefix="paper-wall-") as out:
+    if keep is not None and keep.exists():
+        raise SystemExit(f"{keep} exists: --keep wants a fresh folder for each tree's output")
+    with (
+        contextlib.nullcontext(str(keep))
+        if keep
+        else tempfile.TemporaryDirectory(prefix="paper-wall-") as out
+    ):
         command = [sys.executable, "-P", "-m", "runahead", "bench", "paper", "--out", out]
         command += ["--workers", str(workers), "--no-resume", "--quiet"] + (["--quick"] if quick else [])
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -75,6 +83,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the paper bench's short settings")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write both runs' figures here")
+    parser.add_argument("--keep", type=Path, help="keep each tree's bench output in KEEP/before, KEEP/after")
     parser.add_argument(
         "--before-paper-grouping",
         action="store_true",
@@ -86,7 +95,8 @@ def main() -> int:
         if not (tree / "runahead" / "__init__.py").is_file():
             raise SystemExit(f"{tree} holds no runahead package")
         print(f"{name}: {tree} ...", flush=True)
-        runs.append(run_tree(tree, args.quick, args.workers))
+        keep = args.keep / name if args.keep else None
+        runs.append(run_tree(tree, args.quick, args.workers, keep))
     before, after = runs
     if args.before_paper_grouping:
         before["points"] = {as_opportunistic(key): s for key, s in before["points"].items()}
