@@ -153,21 +153,6 @@ class HoldVerdict:
     test; 0 when no wait pays at all. Above 0 with no ``deadline``: the link test declined."""
 
 
-def hold_until(
-    now: float,
-    ready: Sequence[Job],
-    waiting: Sequence[tuple[float, Job]],
-    link_free_at: float,
-    group_s: Callable[[Sequence[Job]], float],
-    *,
-    tail: bool = False,
-    pricer: GroupPricer | None = None,
-) -> float | None:
-    """Whether to hold the ready group back: None (compute it now) or the time to wait until
-    (:func:`weigh_hold`'s deadline)."""
-    return weigh_hold(now, ready, waiting, link_free_at, group_s, tail=tail, pricer=pricer).deadline
-
-
 def weigh_hold(
     now: float,
     ready: Sequence[Job],

@@ -18,7 +18,6 @@ from runahead.bottleneck import (
     ComputeFit,
     Hold,
     Outlook,
-    hold_until,
     landing_order,
     landing_times,
     weigh_hold,
@@ -96,20 +95,20 @@ def test_it_waits_when_the_link_stays_busy_and_the_wait_is_short() -> None:
     # a group costs 1.0 shared + 0.1 per job; the link has 5 s of revealed reads queued. Waiting
     # 0.2 s saves 1.0 s of shared work, and the held group ends at 1.4, long before the link drains
     ready, late = [job(0, 3)], job(1, 3)
-    assert hold_until(0.0, ready, [(0.2, late)], 5.0, shared_plus_per_job(1.0, 0.1)) == 0.2
+    assert weigh_hold(0.0, ready, [(0.2, late)], 5.0, shared_plus_per_job(1.0, 0.1)).deadline == 0.2
 
 
 def test_it_runs_ahead_when_holding_would_starve_the_link() -> None:
     # nothing queued on the link: computing now reveals the next reads at 1.1, holding for a job
     # 0.5 s away at 1.7 (the wait is cheaper than the compute saved, but the link would idle longer)
     ready, late = [job(0, 3)], job(1, 3)
-    assert hold_until(0.0, ready, [(0.5, late)], 0.0, shared_plus_per_job(1.0, 0.1)) is None
+    assert weigh_hold(0.0, ready, [(0.5, late)], 0.0, shared_plus_per_job(1.0, 0.1)).deadline is None
 
 
 def test_it_computes_now_when_the_wait_costs_more_than_the_compute_saved() -> None:
     # the link stays busy either way, but 2 s of idle compute buys 1 s of shared work
     ready, late = [job(0, 3)], job(1, 3)
-    assert hold_until(0.0, ready, [(2.0, late)], 5.0, shared_plus_per_job(1.0, 0.1)) is None
+    assert weigh_hold(0.0, ready, [(2.0, late)], 5.0, shared_plus_per_job(1.0, 0.1)).deadline is None
 
 
 def test_the_verdict_says_why_a_group_was_not_held() -> None:
@@ -130,7 +129,7 @@ def test_it_waits_for_the_soonest_job_that_saves_a_group_and_leaves_the_late_one
     # (the two would have been one group) for 0.2 s (net 0.8); for the third, 30 s: no
     ready = [job(0, 3)]
     waiting = [(0.1, job(1, 3)), (0.2, job(2, 3)), (30.0, job(3, 3))]
-    assert hold_until(0.0, ready, waiting, 5.0, shared_plus_per_job(1.0, 0.1)) == 0.1
+    assert weigh_hold(0.0, ready, waiting, 5.0, shared_plus_per_job(1.0, 0.1)).deadline == 0.1
 
 
 def test_landing_times_follow_the_fetch_order_after_the_reads_in_flight() -> None:
@@ -157,10 +156,10 @@ def test_a_tail_group_waits_even_when_the_link_would_idle() -> None:
     # Below the tail, holding reveals the next reads at 2.0 instead of 1.1: compute now.
     ready, late = [job(0, 3)], job(1, 3)
     group_s = shared_plus_per_job(1.0, 0.1)
-    assert hold_until(0.0, ready, [(0.8, late)], 0.0, group_s) is None
+    assert weigh_hold(0.0, ready, [(0.8, late)], 0.0, group_s).deadline is None
     # At the tail layer the reveals give the link nothing: now, then the other alone, ends the
     # layer at 2.2; one group at 0.8 ends it at 2.0, and 0.8 s of idle buys 1.0 s of shared work.
-    assert hold_until(0.0, ready, [(0.8, late)], 0.0, group_s, tail=True) == 0.8
+    assert weigh_hold(0.0, ready, [(0.8, late)], 0.0, group_s, tail=True).deadline == 0.8
 
 
 def test_a_tail_group_computes_now_when_its_ready_part_overlaps_the_late_read() -> None:
@@ -168,7 +167,9 @@ def test_a_tail_group_computes_now_when_its_ready_part_overlaps_the_late_read() 
     # one alone ends the layer at 11.0; one group at 9.5 would end it at 12.5, after 9.5 s of idle
     # compute for 1.0 s of shared work saved.
     ready, late = [job(0, 3), job(1, 3), job(2, 3)], job(3, 3)
-    assert hold_until(0.0, ready, [(9.5, late)], 0.0, shared_plus_per_job(1.0, 0.5), tail=True) is None
+    assert (
+        weigh_hold(0.0, ready, [(9.5, late)], 0.0, shared_plus_per_job(1.0, 0.5), tail=True).deadline is None
+    )
 
 
 def test_a_tail_hold_must_not_end_the_layer_later_with_the_rest_counted() -> None:
@@ -178,7 +179,7 @@ def test_a_tail_hold_must_not_end_the_layer_later_with_the_rest_counted() -> Non
     # of idle for the same 1.0 s: not that.
     ready, a, b = [job(0, 3)], job(1, 3), job(2, 3)
     waiting = [(0.5, a), (3.0, b)]
-    assert hold_until(0.0, ready, waiting, 0.0, shared_plus_per_job(1.0, 0.1), tail=True) == 0.5
+    assert weigh_hold(0.0, ready, waiting, 0.0, shared_plus_per_job(1.0, 0.1), tail=True).deadline == 0.5
 
 
 def outlook(
@@ -292,8 +293,8 @@ def test_candidates_priced_job_by_job_decide_as_whole_groups(  # type: ignore[no
     pricer = partial(GroupCost, QWEN_THOR, context)
     everyone = [*ready, *(j for _, j in waiting)]
     assert pricer(everyone).seconds().hex() == whole(everyone).hex()
-    plain = hold_until(0.0, ready, waiting, link_free_at, whole, tail=tail)
-    assert hold_until(0.0, ready, waiting, link_free_at, whole, tail=tail, pricer=pricer) == plain
+    plain = weigh_hold(0.0, ready, waiting, link_free_at, whole, tail=tail)
+    assert weigh_hold(0.0, ready, waiting, link_free_at, whole, tail=tail, pricer=pricer) == plain
 
 
 @settings(max_examples=200, deadline=None)
