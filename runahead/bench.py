@@ -161,6 +161,8 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         prefill_chunk=point.prefill_chunk,
     )
     runtime = Runtime(backend, config)
+    # the cache's bookkeeping as the prompts' prefill left it (the sim's slots hold no data; a real
+    # backend reads its experts in: Runtime.preload)
     runtime.cache.warm_ids(warm_ids(trace, point.concurrency, point.warmup_steps))
     charge = point.charge_overhead
     wall, cpu = time.perf_counter(), time.process_time()

@@ -157,14 +157,13 @@ class ExpertCache:
         eviction = self.eviction
         touch, add = eviction.touch, eviction.add
         resident, pending, refs, idle = self._resident, self._pending, self._refs, self._idle
-        free_slots = self._free_slots
         for expert in experts:
             touch(expert)
             if expert in resident or expert in pending or expert in refs:
                 if expert in idle:
                     add(expert)  # a use refreshes its recency
                 continue
-            slot = free_slots.pop() if free_slots else self._take_slot()
+            slot = self._take_slot()
             if slot is None:
                 raise CacheFullError("cannot warm the cache: every slot is pinned")
             resident[expert] = slot

@@ -164,13 +164,6 @@ class Runtime:
         limit = self.config.cache_slots // self.backend.experts_per_job
         return limit if self.config.max_active is None else min(limit, self.config.max_active)
 
-    def warm_cache(self, keys: Iterable[ExpertKey]) -> None:
-        """Fill the cache's bookkeeping as a prompt's prefill would have, before the first request runs.
-
-        Only for backends whose slots hold no data (the sim); real backends use :meth:`preload`.
-        """
-        self.cache.warm(keys)
-
     async def preload(self, keys: Iterable[ExpertKey]) -> None:
         """Read ``keys`` into the cache before the runtime starts (not counted as fetches)."""
         if self._task_group is not None:

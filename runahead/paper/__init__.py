@@ -6,7 +6,7 @@ Modules: :mod:`~runahead.paper.settings` (what each figure measures), :mod:`~run
 :mod:`~runahead.paper.figures` (drawing), :mod:`~runahead.paper.summary` (headline numbers).
 """
 
-from runahead.paper.run import run_paper, settings_for, write_timelines
+from runahead.paper.run import run_paper, settings_for, write_timeline
 from runahead.paper.settings import FIGURES, FULL, QUICK, TINY, PrecisionPoint, Settings, figure_points
 
 __all__ = [
@@ -19,5 +19,5 @@ __all__ = [
     "figure_points",
     "run_paper",
     "settings_for",
-    "write_timelines",
+    "write_timeline",
 ]

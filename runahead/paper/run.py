@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -104,12 +104,6 @@ def run_paper(
 
 TIMELINE_POLICIES = ("sync", "runahead")
 """The policies whose timelines ``run_paper`` writes for the representative point."""
-
-
-def write_timelines(folder: Path, s: Settings, policies: Sequence[str] = TIMELINE_POLICIES) -> list[Path]:
-    """Chrome trace and PNG window of the representative point under each policy."""
-    folder.mkdir(parents=True, exist_ok=True)
-    return [path for policy in policies for path in write_timeline(folder, s, policy)]
 
 
 def write_timeline(folder: Path, s: Settings, policy: str) -> list[Path]:
