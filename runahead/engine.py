@@ -351,6 +351,7 @@ class Engine:
             "cache_slots_pinned": runtime.cache.pinned_count(),
             "compute_busy_seconds": recorder.compute_seconds,
             "expert_read_seconds": recorder.read_seconds,
+            "link_busy_seconds": recorder.link_seconds,
             "reads_failed": runtime.health.reads_failed,
             "reads_retried": runtime.health.reads_retried,
             "groups_failed": runtime.health.groups_failed,

@@ -53,11 +53,14 @@ class Recorder:
     keep_records: bool = True
     compute_seconds: float = 0.0
     read_seconds: float = 0.0  # summed over reads: overlapping reads count each
+    link_seconds: float = 0.0  # the link busy (some read in flight), up to the last read's end
     groups: int = 0
     jobs: int = 0
     reads: int = 0
     token_count: int = 0
     holds: int = 0  # times bottleneck grouping held a ready group back
+    _in_flight: int = 0  # reads started and not ended (:meth:`read_started` / :meth:`read_ended`)
+    _link_mark: float = 0.0  # where ``link_seconds`` counts on from while a read is in flight
 
     def compute(self, start: float, end: float, layer: int, requests: tuple[int, ...]) -> None:
         self.compute_seconds += end - start
@@ -71,6 +74,20 @@ class Recorder:
         self.reads += 1
         if self.keep_records:
             self.fetches.append(FetchRecord(start, end, key, prefetch))
+
+    def read_started(self, start: float) -> None:
+        """A read began (the link is busy while any read is in flight; see :meth:`read_ended`)."""
+        if not self._in_flight:
+            self._link_mark = start
+        self._in_flight += 1
+
+    def read_ended(self, end: float) -> None:
+        """A read began with :meth:`read_started` ended (landed or failed): ``link_seconds`` grows by
+        the time since the previous such event while a read was in flight, so it is the union of the
+        reads' intervals (reads in flight together count once), kept up to date at every end."""
+        self.link_seconds += end - self._link_mark
+        self._link_mark = end
+        self._in_flight -= 1
 
     def token(self, request: int, step: int, time: float) -> None:
         self.token_count += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runahead.actors.scheduler import ComputeScheduler
 from runahead.backends.sim import FixedCosts, sim_token
 from runahead.bottleneck import (
     HOLD_MIN_COMPUTE_SHARE,
@@ -22,6 +24,8 @@ from runahead.bottleneck import (
     landing_times,
     weigh_hold,
 )
+from runahead.cache import ExpertCache
+from runahead.clock import Clock
 from runahead.costs import CostModel, GroupCost
 from runahead.jobs import (
     ExpertId,
@@ -33,8 +37,9 @@ from runahead.jobs import (
     expert_id,
     expert_key,
 )
+from runahead.metrics import Recorder, total, union
 from runahead.policy import parse_policy
-from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
+from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping, StepBarrier
 from runahead.specs import load_model_spec, load_profile
 
 from simhelpers import random_trace, simulate
@@ -368,3 +373,55 @@ def test_bottleneck_grouping_holds_makes_bigger_groups_and_the_same_tokens() -> 
     paper, new = runs["opportunistic"].recorder, runs["bottleneck"].recorder
     assert paper.holds == 0 and new.holds > 0
     assert new.jobs / new.groups > paper.jobs / paper.groups
+
+
+def test_the_links_busy_time_counts_reads_in_flight_together_once() -> None:
+    recorder = Recorder()
+    recorder.read_started(0.0)
+    recorder.read_started(1.0)
+    recorder.read_ended(2.0)  # one of the two failed: the other keeps the link busy
+    recorder.read_ended(3.0)
+    recorder.read_started(5.0)  # the link idled from 3 to 5
+    recorder.read_ended(6.0)
+    assert recorder.link_seconds == 4.0
+    # in a run, two reads in flight: the union of the reads' intervals, less than their sum
+    trace = random_trace(requests=4, steps=3, layers=5, experts=16, top_k=2, seed=1)
+    runtime = simulate(trace, policy="runahead", slots=10, requests=[RequestSpec(r, 3) for r in range(4)])
+    reads = [(record.start, record.end) for record in runtime.recorder.fetches]
+    assert runtime.recorder.link_seconds == pytest.approx(total(union(reads)), abs=1e-9)
+    assert runtime.recorder.link_seconds < 0.9 * runtime.recorder.read_seconds
+
+
+class _Unpriced:
+    """A backend without a cost model (the torch and MLX backends): the scheduler measures."""
+
+    num_layers = 4
+
+
+async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read() -> None:
+    recorder = Recorder()
+    for start in (0.0, 0.0, 0.01, 0.01):  # two reads in flight at a time: 10 ms each, 5 ms of link
+        recorder.read_started(start)
+    for end in (0.01, 0.01, 0.02, 0.02):
+        recorder.read_ended(end)
+        recorder.fetch(end - 0.01, end, ExpertKey(1, 0), False)
+    recorder.compute(0.0, 0.006, 1, (0,))
+    recorder.compute(0.006, 0.024, 2, (0, 1, 2))
+    scheduler = ComputeScheduler(
+        backend=_Unpriced(),  # type: ignore[arg-type]
+        cache=ExpertCache(4),
+        queue=ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True)),
+        barrier=StepBarrier(True),
+        inbox=asyncio.Queue(),
+        issuer=asyncio.Queue(),
+        clock=Clock(),
+        recorder=recorder,
+        sink=None,  # type: ignore[arg-type]
+    )
+    scheduler._fit.observe(1, 0.006)
+    scheduler._fit.observe(3, 0.018)
+    scheduler.blocked[1] = job(1, 3, (4,))
+    view = scheduler._outlook()
+    assert view is not None
+    assert view.fetch_s == pytest.approx(0.005)  # 20 ms of link for 4 reads, not 40 ms of reads
+    assert view.compute_share == pytest.approx(0.024 / 0.02)

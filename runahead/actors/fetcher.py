@@ -141,11 +141,13 @@ class ExpertFetcher:
             expert, slot, prefetch = picked
             key = expert_key(expert)  # what the backend, the health and the record name
             start = clock.now()
+            recorder.read_started(start)
             try:
                 await fetch(key, slot)
             except (OSError, ValueError) as first_error:
                 error = await self._retry(key, slot, first_error)
                 if error is not None:
+                    recorder.read_ended(clock.now())
                     demand.failed(expert)
                     issuer.put_nowait(FetchFailed(expert, error))
                     self._wake_one()  # its slot is free again once the issuer has the notice
@@ -155,7 +157,9 @@ class ExpertFetcher:
                     health.read_succeeded(key)
             cache.complete_id(expert)
             demand.landed(expert)
-            recorder.fetch(start, clock.now(), key, prefetch)
+            end = clock.now()
+            recorder.read_ended(end)
+            recorder.fetch(start, end, key, prefetch)
             issuer.put_nowait(FetchDone(expert))
 
     async def _retry(self, key: ExpertKey, slot: int, error: Exception) -> str | None:

@@ -134,7 +134,9 @@ class ComputeScheduler:
         if self._model is not None:
             fetch_s = float(self._model.fetch_transfer_time())
         elif recorder.reads and self._fit.observed >= 2:
-            fetch_s = recorder.read_seconds / recorder.reads
+            # the link's time per read: its busy time, not the reads' own (reads in flight together
+            # each take longer than the link spends on one; summed, they double count the link)
+            fetch_s = recorder.link_seconds / recorder.reads
         else:
             return None  # nothing measured yet: group as the paper does
         link_s = fetch_s * recorder.reads

@@ -23,6 +23,7 @@ _ENGINE_HELP = {
     "cache_evictions": "Experts evicted from the cache",
     "compute_busy_seconds": "Seconds the compute unit was busy",
     "expert_read_seconds": "Seconds of expert reads, summed over reads in flight together",
+    "link_busy_seconds": "Seconds the link was busy (some expert read in flight), up to the last read's end",
     "groups_computed": "Backend calls (groups of jobs at one layer) computed",
     "jobs_computed": "Layer jobs computed",
     "cache_slots_pinned": "Expert cache slots pinned by jobs now",
