@@ -155,6 +155,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         **metrics.as_row(),
         "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone
         "jobs": jobs,
+        "holds": runtime.recorder.holds,  # times bottleneck grouping held a ready group back
         "wall_s": wall,
         "host_cpu": host_cpu(),
         "direct_io": direct_io,
