@@ -227,12 +227,21 @@ def landing_order(entry: tuple[float, Job]) -> tuple[float, int]:
 class ComputeFit:
     """Compute seconds of a group as ``shared + per_job * jobs``, least squares over observed groups.
 
-    For backends without a cost model: the scheduler observes every group it computes.
+    For backends without a cost model: the scheduler observes every group it computes
+    (:meth:`observe_group`), but for those with a prefill chunk: a chunk of hundreds of tokens counts
+    as one job, and a few such points would turn the fit into one flat price per group, so the rule
+    would see every wait as saving a whole group. The shared part (the layer's weights, read once per
+    group) is what a hold saves, and decode groups show it.
     """
 
     def __init__(self) -> None:
         self.observed = 0
         self._sums = [0.0, 0.0, 0.0, 0.0]  # sum x, sum y, sum x^2, sum xy
+
+    def observe_group(self, jobs: Sequence[Job], seconds: float) -> None:
+        """A group of ``jobs`` took ``seconds``: observed unless a job is a prefill chunk."""
+        if not any(job.prefill for job in jobs):
+            self.observe(len(jobs), seconds)
 
     def observe(self, jobs: int, seconds: float) -> None:
         self.observed += 1

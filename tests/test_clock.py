@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runahead.clock import VirtualTimeLoop
+from runahead.clock import Clock, VirtualTimeLoop, run_virtual
+from runahead.loops import loop_factory
 
 
 def _noop(*args: object) -> None:
@@ -76,3 +78,23 @@ def test_the_virtual_loop_runs_timers_in_asyncios_order_with_debug_on_off_or_swi
     assert len(asyncio_order) > 30 and len({time for time, _ in asyncio_order}) < len(asyncio_order) / 3
     assert _order_of_callbacks(debug=False) == asyncio_order  # the loop's own methods
     assert _order_of_callbacks(debug=False, debug_from=8, debug_until=16) == asyncio_order  # switched
+
+
+def test_the_clock_reads_below_a_millisecond_on_every_real_loop_and_virtual_time_on_the_sim() -> None:
+    """uvloop's ``time()`` counts whole milliseconds; the clock must not (reads and groups take a few)."""
+
+    async def readings() -> list[float]:
+        clock, values = Clock(), []
+        for _ in range(20):
+            values.append(clock.now())
+            spin = time.monotonic() + 0.0001
+            while time.monotonic() < spin:
+                pass
+        return values
+
+    for factory in {loop_factory(), None}:  # uvloop's (where installed) and asyncio's
+        with asyncio.Runner(loop_factory=factory) as runner:
+            values = runner.run(readings())
+        assert len(set(values)) >= 15, factory
+        assert values == sorted(values)
+    assert set(run_virtual(readings)) == {0.0}  # busy work takes no virtual time

@@ -354,6 +354,17 @@ def test_compute_fit_recovers_shared_and_per_job_seconds() -> None:
     assert fit(6) == pytest.approx(4.0, rel=0.05)
 
 
+def test_compute_fit_leaves_prefill_groups_out() -> None:
+    fit = ComputeFit()
+    decode = [job(r, 2) for r in range(8)]
+    prefill = Job(9, 0, 2, lane=9, num_tokens=256, prefill=True)
+    for size in (1, 2, 4, 8):
+        fit.observe_group(decode[:size], 0.010 + 0.004 * size)
+        fit.observe_group([prefill, *decode[:size]], 0.200)  # a chunk of 256 tokens in the group
+    assert fit.observed == 4
+    assert fit(1) == pytest.approx(0.014) and fit(8) == pytest.approx(0.042)
+
+
 # -- runs ---------------------------------------------------------------------------------------
 
 

@@ -210,7 +210,7 @@ class ComputeScheduler:
         self.health.compute_succeeded()
         end = self.clock.now()
         if self._bottleneck and self._model is None:
-            self._fit.observe(len(group.jobs), end - start)
+            self._fit.observe_group(group.jobs, end - start)
         if len(results) != len(group.jobs):
             raise RuntimeError(
                 f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs"
