@@ -37,6 +37,9 @@ from runahead.jobs import (
     expert_id,
     expert_key,
 )
+from runahead.loops import loop_factory
+from runahead.mailbox import Mailbox
+from runahead.messages import Ready
 from runahead.metrics import Recorder, total, union
 from runahead.policy import parse_policy
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping, StepBarrier
@@ -409,6 +412,21 @@ class _Unpriced:
     num_layers = 4
 
 
+def measuring_scheduler(recorder: Recorder) -> ComputeScheduler:
+    """A scheduler actor on its own, over a backend without a cost model."""
+    return ComputeScheduler(
+        backend=_Unpriced(),  # type: ignore[arg-type]
+        cache=ExpertCache(4),
+        queue=ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True)),
+        barrier=StepBarrier(True),
+        inbox=Mailbox(),
+        issuer=asyncio.Queue(),
+        clock=Clock(),
+        recorder=recorder,
+        sink=None,  # type: ignore[arg-type]
+    )
+
+
 async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read() -> None:
     recorder = Recorder()
     for start in (0.0, 0.0, 0.01, 0.01):  # two reads in flight at a time: 10 ms each, 5 ms of link
@@ -418,17 +436,7 @@ async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read(
         recorder.fetch(end - 0.01, end, ExpertKey(1, 0), False)
     recorder.compute(0.0, 0.006, 1, (0,))
     recorder.compute(0.006, 0.024, 2, (0, 1, 2))
-    scheduler = ComputeScheduler(
-        backend=_Unpriced(),  # type: ignore[arg-type]
-        cache=ExpertCache(4),
-        queue=ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True)),
-        barrier=StepBarrier(True),
-        inbox=asyncio.Queue(),
-        issuer=asyncio.Queue(),
-        clock=Clock(),
-        recorder=recorder,
-        sink=None,  # type: ignore[arg-type]
-    )
+    scheduler = measuring_scheduler(recorder)
     scheduler._fit.observe(1, 0.006)
     scheduler._fit.observe(3, 0.018)
     scheduler.blocked[1] = job(1, 3, (4,))
@@ -436,3 +444,26 @@ async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read(
     assert view is not None
     assert view.fetch_s == pytest.approx(0.005)  # 20 ms of link for 4 reads, not 40 ms of reads
     assert view.compute_share == pytest.approx(0.024 / 0.02)
+
+
+def test_a_hold_whose_timer_fires_early_is_still_one_hold() -> None:
+    """uvloop rounds a timer of 0.3 ms to none: the hold wakes before its deadline, the rule decides
+    again and holds again; that is one hold until the deadline passes or a message comes."""
+
+    async def holds() -> list[int]:
+        recorder = Recorder()
+        scheduler, clock, counts = measuring_scheduler(recorder), Clock(), []
+        for _ in range(2):  # the second after the deadline passed: a new hold
+            deadline = clock.now() + 0.0023
+            while clock.now() < deadline:  # early wakes (whole-millisecond timers): the same hold
+                await scheduler._hold(deadline)
+            counts.append(recorder.holds)
+        scheduler.inbox.put_nowait(Ready(()))  # a message ends a hold: the next one is new
+        await scheduler._hold(clock.now() + 1.0)
+        await scheduler._hold(clock.now() + 0.0003)
+        counts.append(recorder.holds)
+        return counts
+
+    for factory in {loop_factory(), None}:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            assert runner.run(holds()) == [1, 2, 4], factory

@@ -96,6 +96,7 @@ class ComputeScheduler:
         self._fit = ComputeFit()
         self._awaiting_reply = False
         self._closing = False
+        self._woke_early = False  # the last hold timed out before its deadline (see _hold)
 
     async def run(self) -> None:
         """Compute groups until the inbox yields ``None``."""
@@ -116,12 +117,19 @@ class ComputeScheduler:
                 self.handle(await self.inbox.get())
 
     async def _hold(self, deadline: float) -> None:
-        """Wait for the next message, or until ``deadline`` (then the caller decides again)."""
-        self.recorder.holds += 1
+        """Wait for the next message, or until ``deadline`` (then the caller decides again).
+
+        A real loop's timers count whole milliseconds (uvloop rounds a wait of 0.3 ms to none), so a
+        hold may time out before its deadline; the caller then decides again, and holding again is
+        the same hold, not another one in :attr:`Recorder.holds`.
+        """
+        if not self._woke_early:
+            self.recorder.holds += 1
         try:
             async with asyncio.timeout(max(1e-6, deadline - self.clock.now())):
                 message = await self.inbox.get()
         except TimeoutError:
+            self._woke_early = self.clock.now() < deadline - 1e-6
             return
         self.handle(message)
 
@@ -171,6 +179,7 @@ class ComputeScheduler:
         return self.requests[job.request].prompt_tokens + job.step + job.num_tokens
 
     def handle(self, message: SchedulerMessage) -> None:
+        self._woke_early = False  # something changed: a hold after this is a new one
         if message is None:
             self._closing = True
         elif isinstance(message, Ready):
@@ -199,6 +208,7 @@ class ComputeScheduler:
         return Job(request, step, ENTRY_LAYER, lane=lane, num_tokens=tokens, epoch=epoch, prefill=prefill)
 
     async def _compute(self, group: Group) -> None:
+        self._woke_early = False
         start = self.clock.now()
         try:
             results = await self.backend.compute(group)
