@@ -467,3 +467,20 @@ def test_a_hold_whose_timer_fires_early_is_still_one_hold() -> None:
     for factory in {loop_factory(), None}:
         with asyncio.Runner(loop_factory=factory) as runner:
             assert runner.run(holds()) == [1, 2, 4], factory
+
+
+def test_without_a_cost_model_the_compute_share_is_the_last_steps() -> None:
+    """A real run starts with a cold cache (link-bound); the share the rule gates on must follow
+    the steps since, not stay below the gate for the whole run."""
+    recorder = Recorder()
+    scheduler = measuring_scheduler(recorder)
+    scheduler.requests = {0: RequestSpec(0, 8), 1: RequestSpec(1, 8)}
+    shares = []
+    for step in range(8):  # a cold first step (1 s of compute, 10 s of link), then 2 s / 1 s
+        recorder.compute_seconds += 1.0 if step == 0 else 2.0
+        recorder.link_seconds += 10.0 if step == 0 else 1.0
+        recorder.token_count += 2
+        shares.append(scheduler._recent_share())
+    assert shares[0] == pytest.approx(0.1)
+    assert shares[-1] == pytest.approx(2.0)  # the last SHARE_WINDOW_STEPS steps
+    assert recorder.compute_seconds / recorder.link_seconds < HOLD_MIN_COMPUTE_SHARE  # since the start

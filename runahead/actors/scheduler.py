@@ -23,6 +23,7 @@ the compute unit itself is broken: the scheduler then stops the runtime with
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from typing import Protocol
@@ -38,6 +39,9 @@ from runahead.mailbox import Handoff, Mailbox, Outbox
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
 from runahead.scheduling import ComputeQueue, StepBarrier
+
+SHARE_WINDOW_STEPS = 4
+"""Without a cost model the rule's compute share is measured over about this many recent steps."""
 
 _SELF_CONTAINED = (Ready, Started)
 """Messages whose handling changes only the scheduler's own state (and sends nothing)."""
@@ -94,6 +98,8 @@ class ComputeScheduler:
         if isinstance(self._model, CostModel):
             self._pricer = partial(GroupCost, self._model, self._context)
         self._fit = ComputeFit()
+        self._share_window: deque[tuple[float, float]] = deque([(0.0, 0.0)], maxlen=SHARE_WINDOW_STEPS + 1)
+        self._next_share_mark = 0  # token count at which the window takes its next mark
         self._awaiting_reply = False
         self._closing = False
         self._woke_early = False  # the last hold timed out before its deadline (see _hold)
@@ -147,8 +153,11 @@ class ComputeScheduler:
             fetch_s = recorder.link_seconds / recorder.reads
         else:
             return None  # nothing measured yet: group as the paper does
-        link_s = fetch_s * recorder.reads
-        share = recorder.compute_seconds / link_s if link_s else 1.0
+        if self._model is None:
+            share = self._recent_share()
+        else:
+            link_s = fetch_s * recorder.reads
+            share = recorder.compute_seconds / link_s if link_s else 1.0
         if not may_hold(share):
             return None  # no group may be held now: the paper's group, as the rule would say
         return Outlook(
@@ -162,6 +171,19 @@ class ComputeScheduler:
             self.last_layer if self.barrier.enabled else None,
             self._pricer,
         )
+
+    def _recent_share(self) -> float:
+        """Compute busy time over link busy time in about the last :data:`SHARE_WINDOW_STEPS` decode
+        steps (measured: a real run starts with a cold cache, link-bound, and a share since the
+        start would keep the rule off long after the cache warmed)."""
+        recorder = self.recorder
+        window = self._share_window
+        if recorder.token_count >= self._next_share_mark:
+            window.append((recorder.compute_seconds, recorder.link_seconds))
+            self._next_share_mark = recorder.token_count + max(1, len(self.requests))
+        compute_0, link_0 = window[0]
+        link = recorder.link_seconds - link_0
+        return (recorder.compute_seconds - compute_0) / link if link > 0 else 1.0
 
     def _group_s(self, jobs: Sequence[Job]) -> float:
         """Compute seconds of one group of ``jobs``: the cost model's, else the measured fit."""
