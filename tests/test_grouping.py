@@ -396,8 +396,8 @@ def test_the_links_busy_time_counts_reads_in_flight_together_once() -> None:
     recorder.read_ended(2.0)  # one of the two failed: the other keeps the link busy
     recorder.read_ended(3.0)
     recorder.read_started(5.0)  # the link idled from 3 to 5
-    recorder.read_ended(6.0)
-    assert recorder.link_seconds == 4.0
+    recorder.fetch(5.0, 6.0, ExpertKey(1, 0), False)  # this one landed
+    assert recorder.link_seconds == 4.0 and recorder.reads == 1
     # in a run, two reads in flight: the union of the reads' intervals, less than their sum
     trace = random_trace(requests=4, steps=3, layers=5, experts=16, top_k=2, seed=1)
     runtime = simulate(trace, policy="runahead", slots=10, requests=[RequestSpec(r, 3) for r in range(4)])
@@ -432,8 +432,7 @@ async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read(
     for start in (0.0, 0.0, 0.01, 0.01):  # two reads in flight at a time: 10 ms each, 5 ms of link
         recorder.read_started(start)
     for end in (0.01, 0.01, 0.02, 0.02):
-        recorder.read_ended(end)
-        recorder.fetch(end - 0.01, end, ExpertKey(1, 0), False)
+        recorder.fetch(end - 0.01, end, ExpertKey(1, 0), False)  # landed: the read ends there
     recorder.compute(0.0, 0.006, 1, (0,))
     recorder.compute(0.006, 0.024, 2, (0, 1, 2))
     scheduler = measuring_scheduler(recorder)

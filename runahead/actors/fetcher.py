@@ -130,7 +130,7 @@ class ExpertFetcher:
         return expert, slot, prefetch
 
     async def _link_worker(self) -> None:
-        clock, cache, demand, recorder = self.clock, self.cache, self.demand, self.recorder
+        now, cache, demand, recorder = self.clock.reader(), self.cache, self.demand, self.recorder
         fetch, health, issuer = self.backend.fetch, self.health, self.issuer
         while not self._closing:
             picked = self._pick()
@@ -140,14 +140,14 @@ class ExpertFetcher:
             self._wake_one()  # more reads may be waiting: let the next idle worker look
             expert, slot, prefetch = picked
             key = expert_key(expert)  # what the backend, the health and the record name
-            start = clock.now()
+            start = now()
             recorder.read_started(start)
             try:
                 await fetch(key, slot)
             except (OSError, ValueError) as first_error:
                 error = await self._retry(key, slot, first_error)
                 if error is not None:
-                    recorder.read_ended(clock.now())
+                    recorder.read_ended(now())
                     demand.failed(expert)
                     issuer.put_nowait(FetchFailed(expert, error))
                     self._wake_one()  # its slot is free again once the issuer has the notice
@@ -157,9 +157,7 @@ class ExpertFetcher:
                     health.read_succeeded(key)
             cache.complete_id(expert)
             demand.landed(expert)
-            end = clock.now()
-            recorder.read_ended(end)
-            recorder.fetch(start, end, key, prefetch)
+            recorder.fetch(start, now(), key, prefetch)
             issuer.put_nowait(FetchDone(expert))
 
     async def _retry(self, key: ExpertKey, slot: int, error: Exception) -> str | None:

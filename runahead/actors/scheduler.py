@@ -103,9 +103,11 @@ class ComputeScheduler:
         self._awaiting_reply = False
         self._closing = False
         self._woke_early = False  # the last hold timed out before its deadline (see _hold)
+        self._now = clock.now  # the clock's reader for the running loop, once run() starts
 
     async def run(self) -> None:
         """Compute groups until the inbox yields ``None``."""
+        self._now = self.clock.reader()
         while not self._closing:
             while not self.inbox.empty():
                 self.handle(self.inbox.get_nowait())
@@ -132,10 +134,10 @@ class ComputeScheduler:
         if not self._woke_early:
             self.recorder.holds += 1
         try:
-            async with asyncio.timeout(max(1e-6, deadline - self.clock.now())):
+            async with asyncio.timeout(max(1e-6, deadline - self._now())):
                 message = await self.inbox.get()
         except TimeoutError:
-            self._woke_early = self.clock.now() < deadline - 1e-6
+            self._woke_early = self._now() < deadline - 1e-6
             return
         self.handle(message)
 
@@ -161,7 +163,7 @@ class ComputeScheduler:
         if not may_hold(share):
             return None  # no group may be held now: the paper's group, as the rule would say
         return Outlook(
-            self.clock.now(),
+            self._now(),
             list(self.blocked.values()),
             self.cache.resident_ids,
             self.cache.pending_ids,
@@ -231,7 +233,7 @@ class ComputeScheduler:
 
     async def _compute(self, group: Group) -> None:
         self._woke_early = False
-        start = self.clock.now()
+        start = self._now()
         try:
             results = await self.backend.compute(group)
         except BrokenPromise:
@@ -240,7 +242,7 @@ class ComputeScheduler:
             self._group_failed(group, error)
             return
         self.health.compute_succeeded()
-        end = self.clock.now()
+        end = self._now()
         if self._bottleneck and self._model is None:
             self._fit.observe_group(group.jobs, end - start)
         if len(results) != len(group.jobs):
