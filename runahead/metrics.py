@@ -70,10 +70,8 @@ class Recorder:
             self.computes.append(ComputeRecord(start, end, layer, len(requests), requests))
 
     def fetch(self, start: float, end: float, key: ExpertKey, prefetch: bool) -> None:
-        """A read begun with :meth:`read_started` landed (it also ends there, as :meth:`read_ended`)."""
-        self.link_seconds += end - self._link_mark
-        self._link_mark = end
-        self._in_flight -= 1
+        """A read begun with :meth:`read_started` landed (it ends there: :meth:`read_ended`)."""
+        self.read_ended(end)
         self.read_seconds += end - start
         self.reads += 1
         if self.keep_records:
@@ -86,10 +84,10 @@ class Recorder:
         self._in_flight += 1
 
     def read_ended(self, end: float) -> None:
-        """A read begun with :meth:`read_started` ended without landing (a landed one ends in
-        :meth:`fetch`): ``link_seconds`` grows by the time since the previous start or end while a
-        read was in flight, so it is the union of the reads' intervals (reads in flight together
-        count once), kept up to date at every end."""
+        """A read begun with :meth:`read_started` ended (:meth:`fetch` calls it for a landed one; the
+        fetcher for one that failed): ``link_seconds`` grows by the time since the previous start or
+        end while a read was in flight, so it is the union of the reads' intervals (reads in flight
+        together count once), kept up to date at every end."""
         self.link_seconds += end - self._link_mark
         self._link_mark = end
         self._in_flight -= 1

@@ -2,10 +2,10 @@
 tail) test, or no wait paid; and how often the scheduler gave the rule no outlook at all (nothing
 blocked, nothing measured yet, or a compute share below both gates).
 
-For real backends, where `bench/grouping_gap.py` (the sim's) does not apply. It wraps the rule
+Any backend (the sim has `bench/grouping_gap.py` besides, which times a step's parts). It wraps the rule
 (`weigh_hold`, `ComputeQueue.plan`) to count and runs the CLI with the arguments given:
 
-    python bench/torch_verdicts.py bench --backend torch --model medium --store disk \
+    python bench/grouping_verdicts.py bench --backend torch --model medium --store disk \
         --policy runahead --concurrency 8 --cache-fraction 0.7 --steps 32 --warmup-steps 8 --out DIR
 
 Prints the counts after the command's own output, and for the declined holds the median net
