@@ -102,7 +102,6 @@ class ComputeScheduler:
         self._next_share_mark = 0  # token count at which the window takes its next mark
         self._awaiting_reply = False
         self._closing = False
-        self._woke_early = False  # the last hold timed out before its deadline (see _hold)
         self._now = clock.now  # the clock's reader for the running loop, once run() starts
 
     async def run(self) -> None:
@@ -128,18 +127,21 @@ class ComputeScheduler:
         """Wait for the next message, or until ``deadline`` (then the caller decides again).
 
         A real loop's timers count whole milliseconds (uvloop rounds a wait of 0.3 ms to none), so a
-        hold may time out before its deadline; the caller then decides again, and holding again is
-        the same hold, not another one in :attr:`Recorder.holds`.
+        timer may fire before the deadline: the wait goes on until the deadline has passed.
         """
-        if not self._woke_early:
-            self.recorder.holds += 1
-        try:
-            async with asyncio.timeout(max(1e-6, deadline - self._now())):
-                message = await self.inbox.get()
-        except TimeoutError:
-            self._woke_early = self._now() < deadline - 1e-6
+        self.recorder.holds += 1
+        wait = max(1e-6, deadline - self._now())
+        while True:
+            try:
+                async with asyncio.timeout(wait):
+                    message = await self.inbox.get()
+            except TimeoutError:
+                wait = deadline - self._now()
+                if wait < 1e-6:
+                    return
+                continue
+            self.handle(message)
             return
-        self.handle(message)
 
     def _outlook(self) -> Outlook | None:
         """What ``bottleneck`` grouping decides from; None while there is nothing to wait for, or no
@@ -149,17 +151,15 @@ class ComputeScheduler:
         recorder = self.recorder
         if self._model is not None:
             fetch_s = float(self._model.fetch_transfer_time())
+            link_s = fetch_s * recorder.reads
+            share = recorder.compute_seconds / link_s if link_s else 1.0
         elif recorder.reads and self._fit.observed >= 2:
             # the link's time per read: its busy time, not the reads' own (reads in flight together
             # each take longer than the link spends on one; summed, they double count the link)
             fetch_s = recorder.link_seconds / recorder.reads
-        else:
-            return None  # nothing measured yet: group as the paper does
-        if self._model is None:
             share = self._recent_share()
         else:
-            link_s = fetch_s * recorder.reads
-            share = recorder.compute_seconds / link_s if link_s else 1.0
+            return None  # nothing measured yet: group as the paper does
         if not may_hold(share):
             return None  # no group may be held now: the paper's group, as the rule would say
         return Outlook(
@@ -203,7 +203,6 @@ class ComputeScheduler:
         return self.requests[job.request].prompt_tokens + job.step + job.num_tokens
 
     def handle(self, message: SchedulerMessage) -> None:
-        self._woke_early = False  # something changed: a hold after this is a new one
         if message is None:
             self._closing = True
         elif isinstance(message, Ready):
@@ -232,7 +231,6 @@ class ComputeScheduler:
         return Job(request, step, ENTRY_LAYER, lane=lane, num_tokens=tokens, epoch=epoch, prefill=prefill)
 
     async def _compute(self, group: Group) -> None:
-        self._woke_early = False
         start = self._now()
         try:
             results = await self.backend.compute(group)
