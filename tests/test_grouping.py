@@ -19,6 +19,7 @@ from runahead.bottleneck import (
     HOLD_MIN_TAIL_SHARE,
     ComputeFit,
     Hold,
+    LineFit,
     Outlook,
     landing_order,
     landing_times,
@@ -28,6 +29,7 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.costs import CostModel, GroupCost
 from runahead.jobs import (
+    ENTRY_LAYER,
     ExpertId,
     ExpertKey,
     Group,
@@ -347,8 +349,8 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
         assert isinstance(choice, Group) and choice.layer == min(ready_layers)
 
 
-def test_compute_fit_recovers_shared_and_per_job_seconds() -> None:
-    fit = ComputeFit()
+def test_a_line_fit_recovers_shared_and_per_job_seconds() -> None:
+    fit = LineFit()
     assert fit(3) == 0.0
     fit.observe(1, 1.5)
     assert fit(2) == pytest.approx(3.0)  # one size seen: its mean, scaled
@@ -358,14 +360,42 @@ def test_compute_fit_recovers_shared_and_per_job_seconds() -> None:
 
 
 def test_compute_fit_leaves_prefill_groups_out() -> None:
-    fit = ComputeFit()
+    fit = ComputeFit(last_layer=5)
     decode = [job(r, 2) for r in range(8)]
     prefill = Job(9, 0, 2, lane=9, num_tokens=256, prefill=True)
     for size in (1, 2, 4, 8):
         fit.observe_group(decode[:size], 0.010 + 0.004 * size)
         fit.observe_group([prefill, *decode[:size]], 0.200)  # a chunk of 256 tokens in the group
     assert fit.observed == 4
-    assert fit(1) == pytest.approx(0.014) and fit(8) == pytest.approx(0.042)
+    assert fit(decode[:1]) == pytest.approx(0.014) and fit(decode) == pytest.approx(0.042)
+
+
+def test_compute_fit_prices_each_kind_of_layer_by_its_own_groups() -> None:
+    """Entry groups (no experts) are cheap and always whole; the last layer carries the output
+    head. Measured on the medium torch model, one line over all of them put the middle layers'
+    shared part at twice their own: each kind has its own fit."""
+    fit = ComputeFit(last_layer=5)
+    entry = [job(r, ENTRY_LAYER) for r in range(8)]
+    middle = [job(r, 2) for r in range(8)]
+    last = [job(r, 5) for r in range(8)]
+    assert fit(last[:2]) == 0.0
+    for size in (1, 2, 3, 4, 5, 8):
+        fit.observe_group(middle[:size], 0.008 + 0.005 * size)
+    assert fit(last[:2]) == pytest.approx(0.018)  # the last layer not seen yet: the middle's price
+    for step in range(6):
+        fit.observe_group(entry, 0.008)
+        fit.observe_group(last[: 1 + step], 0.020 + 0.006 * (1 + step))
+    assert fit(middle[:1]) == pytest.approx(0.013) and fit(middle[:4]) == pytest.approx(0.028)
+    assert fit(last[:3]) == pytest.approx(0.038)
+    assert fit(entry) == pytest.approx(0.008)
+    assert fit.observed == 18
+    one_line = LineFit()  # what a single fit over the same groups says a hold saves
+    for size in (1, 2, 3, 4, 5, 8):
+        one_line.observe(size, 0.008 + 0.005 * size)
+    for step in range(6):
+        one_line.observe(8, 0.008)
+        one_line.observe(1 + step, 0.020 + 0.006 * (1 + step))
+    assert one_line(0) > 1.5 * 0.008  # its shared part, far off the middle layers' 8 ms
 
 
 # -- runs ---------------------------------------------------------------------------------------
@@ -436,8 +466,8 @@ async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read(
     recorder.compute(0.0, 0.006, 1, (0,))
     recorder.compute(0.006, 0.024, 2, (0, 1, 2))
     scheduler = measuring_scheduler(recorder)
-    scheduler._fit.observe(1, 0.006)
-    scheduler._fit.observe(3, 0.018)
+    scheduler._fit.observe_group([job(0, 1)], 0.006)
+    scheduler._fit.observe_group([job(r, 2) for r in range(3)], 0.018)
     scheduler.blocked[1] = job(1, 3, (4,))
     view = scheduler._outlook()
     assert view is not None

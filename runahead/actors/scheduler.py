@@ -11,8 +11,9 @@ With ``bottleneck`` grouping the scheduler hands the pure rule (:meth:`ComputeQu
 knows when the compute unit frees up: the clock's time, the jobs the JobIssuer holds (it sent them,
 and has not had them back as ready), the cache's view of their experts, and costs: the backend's
 cost model when it has one (the sim's ``costs``), else what this run measured (group compute times
-fitted as shared + per job, the link's busy time per read). A :class:`Hold` waits for the next message (a job
-became ready, a cancellation) or the hold's deadline, whichever comes first, then decides again.
+fitted as shared + per job for each kind of layer, the link's busy time per read). A :class:`Hold`
+waits for the next message (a job became ready, a cancellation) or the hold's deadline, whichever
+comes first, then decides again.
 
 A group whose compute raises fails only its own requests (their pins and state are released, their
 callers get the error); the others go on. ``max_compute_failures`` groups failing in a row means
@@ -97,7 +98,7 @@ class ComputeScheduler:
         self._pricer: GroupPricer | None = None  # a CostModel's prices, job by job
         if isinstance(self._model, CostModel):
             self._pricer = partial(GroupCost, self._model, self._context)
-        self._fit = ComputeFit()
+        self._fit = ComputeFit(self.last_layer)
         self._share_window: deque[tuple[float, float]] = deque([(0.0, 0.0)], maxlen=SHARE_WINDOW_STEPS + 1)
         self._next_share_mark = 0  # token count at which the window takes its next mark
         self._awaiting_reply = False
@@ -190,7 +191,7 @@ class ComputeScheduler:
     def _group_s(self, jobs: Sequence[Job]) -> float:
         """Compute seconds of one group of ``jobs``: the cost model's, else the measured fit."""
         if self._model is None:
-            return self._fit(len(jobs))
+            return self._fit(jobs)
         contexts = list(map(self._context, jobs))
         return float(
             self._model.compute_time(
