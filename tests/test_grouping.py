@@ -349,25 +349,44 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
         assert isinstance(choice, Group) and choice.layer == min(ready_layers)
 
 
-def test_a_line_fit_recovers_shared_and_per_job_seconds() -> None:
+def test_a_line_fit_recovers_shared_and_slope() -> None:
     fit = LineFit()
     assert fit(3) == 0.0
     fit.observe(1, 1.5)
     assert fit(2) == pytest.approx(3.0)  # one size seen: its mean, scaled
-    for jobs in (1, 2, 4, 8):
-        fit.observe(jobs, 1.0 + 0.5 * jobs)
+    for size in (1, 2, 4, 8):
+        fit.observe(size, 1.0 + 0.5 * size)
     assert fit(6) == pytest.approx(4.0, rel=0.05)
+
+
+def spread_jobs(layer: int, count: int, top_k: int = 2) -> list[Job]:
+    """Jobs of ``layer`` whose experts are all different (``top_k`` each)."""
+    return [job(r, layer, tuple(range(r * top_k, (r + 1) * top_k))) for r in range(count)]
 
 
 def test_compute_fit_leaves_prefill_groups_out() -> None:
     fit = ComputeFit(last_layer=5)
-    decode = [job(r, 2) for r in range(8)]
-    prefill = Job(9, 0, 2, lane=9, num_tokens=256, prefill=True)
+    decode = spread_jobs(2, 8)
+    prefill = Job(9, 0, 2, (30, 31), lane=9, num_tokens=256, prefill=True)
     for size in (1, 2, 4, 8):
-        fit.observe_group(decode[:size], 0.010 + 0.004 * size)
+        fit.observe_group(decode[:size], 0.010 + 0.002 * 2 * size)
         fit.observe_group([prefill, *decode[:size]], 0.200)  # a chunk of 256 tokens in the group
     assert fit.observed == 4
     assert fit(decode[:1]) == pytest.approx(0.014) and fit(decode) == pytest.approx(0.042)
+
+
+def test_compute_fit_prices_a_group_by_its_distinct_experts() -> None:
+    """Each distinct expert's weights are read once per group: jobs that share experts cost less
+    together than jobs that do not, so holding for a job that shares the ready group's experts
+    saves more."""
+    fit = ComputeFit(last_layer=5)
+    for size in (1, 2, 3, 4, 6):
+        fit.observe_group(spread_jobs(2, size), 0.004 + 0.001 * 2 * size)
+    sharing = [job(0, 3, (0, 1)), job(1, 3, (1, 2)), job(2, 3, (0, 2))]  # 3 distinct experts
+    assert fit(sharing) == pytest.approx(0.007)
+    assert fit(spread_jobs(3, 3)) == pytest.approx(0.010)
+    saved = fit(sharing[:2]) + fit(sharing[2:]) - fit(sharing)
+    assert saved == pytest.approx(0.004 + 0.002)  # the shared part and the two experts read once
 
 
 def test_compute_fit_prices_each_kind_of_layer_by_its_own_groups() -> None:
@@ -376,20 +395,19 @@ def test_compute_fit_prices_each_kind_of_layer_by_its_own_groups() -> None:
     shared part at twice their own: each kind has its own fit."""
     fit = ComputeFit(last_layer=5)
     entry = [job(r, ENTRY_LAYER) for r in range(8)]
-    middle = [job(r, 2) for r in range(8)]
-    last = [job(r, 5) for r in range(8)]
+    middle, last = spread_jobs(2, 8), spread_jobs(5, 8)
     assert fit(last[:2]) == 0.0
     for size in (1, 2, 3, 4, 5, 8):
-        fit.observe_group(middle[:size], 0.008 + 0.005 * size)
+        fit.observe_group(middle[:size], 0.008 + 0.0025 * 2 * size)
     assert fit(last[:2]) == pytest.approx(0.018)  # the last layer not seen yet: the middle's price
     for step in range(6):
         fit.observe_group(entry, 0.008)
-        fit.observe_group(last[: 1 + step], 0.020 + 0.006 * (1 + step))
+        fit.observe_group(last[: 1 + step], 0.020 + 0.003 * 2 * (1 + step))
     assert fit(middle[:1]) == pytest.approx(0.013) and fit(middle[:4]) == pytest.approx(0.028)
     assert fit(last[:3]) == pytest.approx(0.038)
     assert fit(entry) == pytest.approx(0.008)
     assert fit.observed == 18
-    one_line = LineFit()  # what a single fit over the same groups says a hold saves
+    one_line = LineFit()  # one fit over the same groups, by job count: what it says a hold saves
     for size in (1, 2, 3, 4, 5, 8):
         one_line.observe(size, 0.008 + 0.005 * size)
     for step in range(6):
@@ -466,8 +484,8 @@ async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read(
     recorder.compute(0.0, 0.006, 1, (0,))
     recorder.compute(0.006, 0.024, 2, (0, 1, 2))
     scheduler = measuring_scheduler(recorder)
-    scheduler._fit.observe_group([job(0, 1)], 0.006)
-    scheduler._fit.observe_group([job(r, 2) for r in range(3)], 0.018)
+    scheduler._fit.observe_group(spread_jobs(1, 1), 0.006)
+    scheduler._fit.observe_group(spread_jobs(2, 3), 0.018)
     scheduler.blocked[1] = job(1, 3, (4,))
     view = scheduler._outlook()
     assert view is not None

@@ -11,7 +11,7 @@ With ``bottleneck`` grouping the scheduler hands the pure rule (:meth:`ComputeQu
 knows when the compute unit frees up: the clock's time, the jobs the JobIssuer holds (it sent them,
 and has not had them back as ready), the cache's view of their experts, and costs: the backend's
 cost model when it has one (the sim's ``costs``), else what this run measured (group compute times
-fitted as shared + per job for each kind of layer, the link's busy time per read). A :class:`Hold`
+fitted per kind of layer as shared + per distinct expert, the link's busy time per read). A :class:`Hold`
 waits for the next message (a job became ready, a cancellation) or the hold's deadline, whichever
 comes first, then decides again.
 
