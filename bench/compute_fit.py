@@ -6,17 +6,17 @@ command, records every decode group's layer, jobs, distinct routed experts and m
 the point the scheduler observes them), then replays the fit online, as the runtime does: each group
 priced by the fit of every group before it. Models compared, each a least-squares fit:
 
-- one fit of shared + per job over every layer (the runtime's fit before issue 11's fourth round);
-- a fit of shared + per job for each layer kind: the entry job (embedding, attention 0, no experts),
-  the middle layers, the last (its LM head) (what the runtime fits now);
-- per layer kind, plus a price per distinct routed expert.
+- one line, shared + per job, over every layer (the runtime's fit before issue 11's fourth round);
+- a line per kind of layer: the entry job (embedding, attention 0, no experts), the middle layers,
+  the last (its LM head), over jobs;
+- a line per kind over the group's distinct routed experts (jobs at the entry): the runtime's fit.
 
     python bench/compute_fit.py bench --backend torch --model medium --store disk \
         --policy runahead --concurrency 8 --cache-fraction 0.7 --steps 32 --warmup-steps 8 --out DIR
 
 Prints each model's error over the run's groups (median and mean absolute, relative to the measured
 time), skipping the first 32 groups of the replay (a fit of few points), and the whole run's
-shared and per-job seconds of each layer kind.
+shared and per-job seconds of each layer kind. `--groups FILE` also writes the groups (JSON lines).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def recording_observe_group(self, jobs, seconds):  # type: ignore[no-untyped-def
 ComputeFit.observe_group = recording_observe_group  # type: ignore[method-assign]
 
 
-MODELS = {
-    "one fit, jobs": (False, False),  # the fit before issue 11's fourth round
-    "per layer kind, jobs": (True, False),  # what the runtime fits now
-    "per layer kind, jobs+experts": (True, True),
+MODELS = {  # name: (a line per kind of layer?, over distinct experts rather than jobs?)
+    "one line, jobs": (False, False),  # the runtime's fit before issue 11's fourth round
+    "per layer kind, jobs": (True, False),
+    "per layer kind, experts": (True, True),  # the runtime's fit now (jobs at the entry layer)
 }
 
 
@@ -56,19 +56,19 @@ def kind(layer: int, last: int) -> str:
 
 
 def online_errors(per_kind: bool, experts: bool, last: int, skip: int = 32) -> list[float]:
-    """Relative error of each group's price from the least-squares fit of the groups before it (of
-    its layer kind, with ``per_kind``; a kind not seen yet is priced by the middle layers' fit)."""
-    seen: dict[str, list[tuple[list[float], float]]] = {}
+    """Relative error of each group's price from the least-squares line of the groups before it (of
+    its layer kind, with ``per_kind``; a kind not seen yet is priced by the middle layers' line)."""
+    seen: dict[str, list[tuple[float, float]]] = {}
     errors = []
     for i, (layer, jobs, distinct, seconds) in enumerate(observed):
-        row = [1.0, float(jobs)] + ([float(distinct)] if experts else [])
+        size = float(distinct if experts and layer != ENTRY_LAYER else jobs)
         group = kind(layer, last) if per_kind else "all"
         history = seen.get(group) or seen.get("middle", [])
-        if i >= skip and len(history) >= len(row):
-            x = np.array([r for r, _ in history])
-            coefficients, *_ = np.linalg.lstsq(x, np.array([t for _, t in history]), rcond=None)
-            errors.append(abs(float(np.array(row) @ coefficients) - seconds) / seconds)
-        seen.setdefault(group, []).append((row, seconds))
+        if i >= skip and len({x for x, _ in history}) >= 2:
+            x = np.array([[1.0, x] for x, _ in history])
+            (shared, slope), *_ = np.linalg.lstsq(x, np.array([t for _, t in history]), rcond=None)
+            errors.append(abs(shared + slope * size - seconds) / seconds)
+        seen.setdefault(group, []).append((size, seconds))
     return errors
 
 
@@ -91,6 +91,11 @@ def report() -> None:
         (shared, per_job), *_ = np.linalg.lstsq(x, np.array([t for *_, t in rows]), rcond=None)
         shared_ms, per_job_ms = shared * 1e3, per_job * 1e3
         print(f"  {group:>6} ({len(rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job")
+        if group in ("middle", "last"):
+            x = np.array([[1.0, d] for _, d, _ in rows])
+            (shared, per_expert), *_ = np.linalg.lstsq(x, np.array([t for *_, t in rows]), rcond=None)
+            shared_ms, per_expert_ms = shared * 1e3, per_expert * 1e3
+            print(f"  {group:>6}: {shared_ms:.2f} ms shared + {per_expert_ms:.2f} ms per distinct expert")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,18 @@ the rule decides from what it measures, as on a real backend. ``--fit``:
 
     python bench/fit_in_sim.py --fit kinds bench --model qwen3.6-35b-a3b --profile thor \
         --policy runahead --concurrency 4,8 --cache-fraction 0.3 --steps 64 --out DIR
+
+`bash bench/fit-in-sim.sh` runs every variant over both profiles and models; `python
+bench/fit_in_sim.py --summary bench/results/fit-in-sim` prints each variant's tokens/s over the
+paper's grouping, and the share of the rule's gain (with the cost model) each measured fit keeps.
 """
 
 from __future__ import annotations
 
+import collections
+import json
 import sys
+from pathlib import Path
 
 import runahead.actors.scheduler as scheduler
 from runahead.bottleneck import ComputeFit
@@ -43,8 +50,44 @@ def use_fit(fit: str) -> None:
         ComputeFit.line = lambda self, layer: self.middle  # type: ignore[method-assign]
 
 
+VARIANTS = ("fit-one-line", "fit-per-kind-jobs", "fit-per-kind-experts", "cost-model")
+
+
+def summary(folder: Path) -> None:
+    """Tokens/s of each variant over the paper's grouping, point by point (a markdown table)."""
+    rates: dict[tuple[str, int], dict[str, float]] = collections.defaultdict(dict)
+    for path in sorted(folder.glob("*-paper-grouping.jsonl")):
+        setup = path.name.removesuffix("-paper-grouping.jsonl")
+        for variant in ("paper-grouping", *VARIANTS):
+            runs = folder / f"{setup}-{variant}.jsonl"
+            if runs.exists():
+                for line in runs.read_text().splitlines():
+                    row = json.loads(line)
+                    rates[setup, row["concurrency"]][variant] = row["tokens_per_s"]
+    shown = [v for v in VARIANTS if any(v in point for point in rates.values())]
+    print("| setup | requests | paper's grouping | " + " | ".join(shown) + " |")
+    print("| --- | ---: | ---: |" + " ---: |" * len(shown))
+    kept: dict[str, list[float]] = collections.defaultdict(list)
+    for (setup, requests), point in sorted(rates.items()):
+        paper = point["paper-grouping"]
+        cells = [f"{point[v] / paper:.3f}" if v in point else "-" for v in shown]
+        print(f"| {setup} | {requests} | {paper:.1f} tok/s | " + " | ".join(cells) + " |")
+        gain = point.get("cost-model", paper) / paper - 1
+        for variant in shown[:-1]:
+            if gain > 0 and variant in point:
+                kept[variant].append((point[variant] / paper - 1) / gain)
+    for variant, shares in kept.items():
+        print(
+            f"{variant}: keeps {min(shares):.0%}-{max(shares):.0%} of the rule's gain with the cost model "
+            f"(mean {sum(shares) / len(shares):.0%}, {len(shares)} points)"
+        )
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--summary"] and len(args) == 2:
+        summary(Path(args[1]))
+        raise SystemExit(0)
     if len(args) < 2 or args[0] != "--fit":
         raise SystemExit("usage: python bench/fit_in_sim.py --fit model|kinds|one-line bench ARGS...")
     use_fit(args[1])
