@@ -17,6 +17,15 @@ priced by the fit of every group before it. Models compared, each a least-square
 Prints each model's error over the run's groups (median and mean absolute, relative to the measured
 time), skipping the first 32 groups of the replay (a fit of few points), and the whole run's
 shared and per-job seconds of each layer kind. `--groups FILE` also writes the groups (JSON lines).
+
+`--floor` (with `sync` among the policies, and `--out`): the overlap relaxation's floor
+(:mod:`runahead.relaxation`) under this run, at its measured costs: every decode round's levels
+(the jobs each request computed, with their experts) priced by the runtime's fit of the whole run,
+the link busy for sync's own measured link time per step. No grouping without prediction is
+faster than the floor in that model; printed beside sync's overlap limit, as the share of the
+limit's gain the floor leaves reachable (issue 11's bound for small cases, on a real backend).
+Only where the fit prices sync's own groups within 10% of their measured compute: groups of sizes
+the run did not compute, or computed while reads took CPU time, are priced off.
 """
 
 from __future__ import annotations
@@ -24,24 +33,88 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
 
+from runahead.actors.scheduler import ComputeScheduler
 from runahead.bottleneck import ComputeFit
 from runahead.cli import main
-from runahead.jobs import ENTRY_LAYER, distinct_experts
+from runahead.jobs import ENTRY_LAYER, Group, Job, distinct_experts
+from runahead.metrics import Recorder, intersection_total, overlap_limit, union
+from runahead.relaxation import floor, level
 
 observed: list[tuple[int, int, int, float]] = []  # layer, jobs, distinct experts, seconds
-_observe_group = ComputeFit.observe_group
+computed: list[Job] = []  # every decode job, as computed
+reads: dict[int, list[tuple[float, float]]] = {}  # recorder -> its landed reads' intervals
+groups: list[tuple[int, int, int, float, float]] = []  # every policy's decode groups: recorder, layer,
+# distinct experts, start, end
+_observe_group, _compute, _fetch = ComputeFit.observe_group, Recorder.compute, Recorder.fetch
+_scheduler_compute = ComputeScheduler._compute
+_computing: dict[int, Group] = {}  # recorder -> the group its scheduler is computing
 
 
 def recording_observe_group(self, jobs, seconds):  # type: ignore[no-untyped-def]
     if not any(job.prefill for job in jobs):
         observed.append((jobs[0].layer, len(jobs), distinct_experts(jobs), seconds))
+        computed.extend(jobs)
     return _observe_group(self, jobs, seconds)
 
 
+async def recording_scheduler_compute(self, group):  # type: ignore[no-untyped-def]
+    _computing[id(self.recorder)] = group
+    try:
+        return await _scheduler_compute(self, group)
+    finally:
+        _computing.pop(id(self.recorder), None)
+
+
+def recording_compute(self, start, end, layer, requests):  # type: ignore[no-untyped-def]
+    group = _computing.get(id(self))
+    if group is not None and not any(job.prefill for job in group.jobs):
+        groups.append((id(self), layer, group.distinct_experts(), start, end))
+    return _compute(self, start, end, layer, requests)
+
+
+def recording_fetch(self, start, end, key, prefetch):  # type: ignore[no-untyped-def]
+    reads.setdefault(id(self), []).append((start, end))
+    return _fetch(self, start, end, key, prefetch)
+
+
 ComputeFit.observe_group = recording_observe_group  # type: ignore[method-assign]
+ComputeScheduler._compute = recording_scheduler_compute  # type: ignore[method-assign]
+Recorder.compute = recording_compute  # type: ignore[method-assign]
+Recorder.fetch = recording_fetch  # type: ignore[method-assign]
+
+
+def report_contention() -> None:
+    """Middle-layer groups computed with no read in flight against groups of the same number of
+    distinct experts computed with reads in flight all along (every policy of the command; sync's
+    groups never overlap a read): on 2 cores the reads' threads take the compute's CPU time."""
+    merged = {recorder: union(intervals) for recorder, intervals in reads.items()}
+    last = max((layer for _, layer, *_ in groups), default=0)
+    alone: dict[int, list[float]] = {}
+    overlapped: dict[int, list[float]] = {}
+    for recorder, layer, distinct, start, end in groups:
+        if not 0 <= layer < last or end <= start:
+            continue
+        share = intersection_total(merged.get(recorder, []), [(start, end)]) / (end - start)
+        if share < 0.1 or share > 0.9:
+            (alone if share < 0.1 else overlapped).setdefault(distinct, []).append(end - start)
+    sizes = [d for d in sorted(alone) if any(abs(d - o) <= 2 for o in overlapped)]
+    if not sizes:
+        print("  contention: no middle groups of like size computed both with and without reads in flight")
+        return
+    ratios = []
+    for d in sizes:  # per distinct expert: groups within 2 experts of each other
+        near = [t / o for o, times in overlapped.items() if abs(d - o) <= 2 for t in times]
+        ratios.append(statistics.median(near) / (statistics.median(alone[d]) / d))
+    print(
+        f"  contention: middle groups with reads in flight all along take {statistics.median(ratios):.2f}x "
+        f"(median over {len(sizes)} sizes, {min(ratios):.2f}-{max(ratios):.2f}) the time per distinct "
+        f"expert of groups within 2 experts of their size and no read in flight "
+        f"({sum(len(alone[d]) for d in sizes)} groups alone)"
+    )
 
 
 MODELS = {  # name: (a line per kind of layer?, over distinct experts rather than jobs?)
@@ -98,6 +171,54 @@ def report() -> None:
             print(f"  {group:>6}: {shared_ms:.2f} ms shared + {per_expert_ms:.2f} ms per distinct expert")
 
 
+FIT_AGREES = 0.1
+"""The floor is printed only if the fit prices sync's own compute within this share of what it measured."""
+
+
+def report_floor(out: str) -> None:
+    """The relaxation's floor under the run's last rounds, at the run's measured costs."""
+    rows = [json.loads(line) for line in Path(out, "results.jsonl").read_text().splitlines()]
+    sync = next((row for row in rows if row["policy"] == "sync"), None)
+    if sync is None or not computed:
+        print("--floor needs a sync row and a bottleneck grouping's groups in the same run")
+        return
+    fit = ComputeFit(max(job.layer for job in computed))
+    for layer, jobs, distinct, seconds in observed:  # the whole run's fit, one group at a time
+        fit.line(layer).observe(jobs if layer == ENTRY_LAYER else distinct, seconds)
+    rounds: dict[int, dict[int, list[Job]]] = {}
+    for job in computed:
+        rounds.setdefault(job.epoch, {}).setdefault(job.layer, []).append(job)
+    requests, last = sync["concurrency"], fit.last_layer
+    whole = sorted(
+        epoch for epoch, levels in rounds.items() if all(len(jobs) == requests for jobs in levels.values())
+    )
+    measured = whole[-sync["steps"] :]
+    levels = [
+        level(jobs, fit, first=layer == ENTRY_LAYER, last=layer == last)
+        for epoch in measured
+        for layer, jobs in sorted(rounds[epoch].items())
+    ]
+    steps = len(measured)
+    compute = sum(item.whole for item in levels) / steps  # sync's compute, at the fit's prices
+    if abs(compute / sync["compute_s"] - 1) > FIT_AGREES:
+        print(
+            f"no floor: the fit prices sync's compute at {compute * 1e3:.1f} ms a step, measured "
+            f"{sync['compute_s'] * 1e3:.1f}; it does not price sync's groups (sizes it did not see, or "
+            f"compute slowed by reads sharing the cores)"
+        )
+        return
+    fetch = sync["fetch_s"]
+    limit = overlap_limit(compute, fetch)
+    step = floor(levels, fetch * steps) / steps
+    speedup = (compute + fetch) / step
+    print(
+        f"floor over {steps} rounds of {requests} requests: sync compute {compute * 1e3:.1f} ms a step "
+        f"at the fit's prices (measured {sync['compute_s'] * 1e3:.1f}), link {fetch * 1e3:.1f} ms; "
+        f"limit {limit:.2f}; floor {step * 1e3:.1f} ms a step, {speedup:.2f}x sync's compute + link: "
+        f"{(speedup - 1) / (limit - 1):.0%} of the limit's gain"
+    )
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     dump = None
@@ -105,10 +226,16 @@ if __name__ == "__main__":
         at = args.index("--groups")
         dump = args[at + 1]
         del args[at : at + 2]
+    with_floor = "--floor" in args
+    if with_floor:
+        args.remove("--floor")
     try:
         main(args)
     finally:
         report()
+        report_contention()
+        if with_floor:
+            report_floor(args[args.index("--out") + 1])
         if dump is not None:
             with open(dump, "w") as out:
                 out.writelines(json.dumps(row) + "\n" for row in observed)
