@@ -493,6 +493,24 @@ async def test_without_a_cost_model_the_rule_reads_the_links_busy_time_per_read(
     assert view.compute_share == pytest.approx(0.024 / 0.02)
 
 
+async def test_without_a_cost_model_the_rule_waits_for_a_fit_of_the_middle_layers() -> None:
+    """Entry groups alone (no experts, one size) say nothing of what a hold saves at a middle layer:
+    until two middle-layer groups are measured the scheduler groups as the paper does."""
+    recorder = Recorder()
+    recorder.read_started(0.0)
+    recorder.fetch(0.0, 0.01, ExpertKey(1, 0), False)
+    recorder.compute(0.01, 0.02, 1, (0,))
+    scheduler = measuring_scheduler(recorder)
+    scheduler.blocked[1] = job(1, 2, (4,))
+    for _ in range(3):
+        scheduler._fit.observe_group([job(r, ENTRY_LAYER) for r in range(4)], 0.004)
+    assert scheduler._outlook() is None
+    scheduler._fit.observe_group(spread_jobs(1, 1), 0.006)
+    assert scheduler._outlook() is None
+    scheduler._fit.observe_group(spread_jobs(2, 3), 0.018)
+    assert scheduler._outlook() is not None
+
+
 def test_a_hold_whose_timer_fires_early_still_waits_to_its_deadline() -> None:
     """uvloop rounds a timer of 0.3 ms to none (and 2.3 ms to 2): a hold still lasts until its
     deadline, or a message, and counts once."""

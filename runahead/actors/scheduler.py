@@ -154,7 +154,7 @@ class ComputeScheduler:
             fetch_s = float(self._model.fetch_transfer_time())
             link_s = fetch_s * recorder.reads
             share = recorder.compute_seconds / link_s if link_s else 1.0
-        elif recorder.reads and self._fit.observed >= 2:
+        elif recorder.reads and self._fit.middle.observed >= 2:
             # the link's time per read: its busy time, not the reads' own (reads in flight together
             # each take longer than the link spends on one; summed, they double count the link)
             fetch_s = recorder.link_seconds / recorder.reads
