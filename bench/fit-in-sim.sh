@@ -18,7 +18,7 @@ for profile in thor mac-mini; do
     done
     runahead bench --model "$model" --profile "$profile" --policy runahead/grouping=opportunistic \
       --cache-fraction 0.3 --concurrency 2,4,8,16 --steps 64 --seed 0 --quiet \
-      --out "$tmp/$profile-$model-paper-grouping" &
+      --out "$tmp/$profile-$model-paper-grouping"
     wait
     for run in "$tmp/$profile-$model"-*; do
       cp "$run/results.jsonl" "$out/$(basename "$run").jsonl"
