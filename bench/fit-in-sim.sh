@@ -2,7 +2,7 @@
 # Bottleneck grouping priced the way real backends price it (issue 11, fourth round): on the sim with
 # its cost model hidden from the rule (bench/fit_in_sim.py), chat, 30% cache, 64 decode steps, 2-16
 # requests, Thor and Mac, both paper models; beside the rule with the cost model and the paper's
-# grouping. Writes bench/results/fit-in-sim/<profile>-<model>-<variant>.jsonl (~10 minutes on 2 cores).
+# grouping. Writes bench/results/fit-in-sim/<profile>-<model>-<variant>.jsonl (~2 minutes on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results/fit-in-sim

@@ -9,7 +9,8 @@ the rule decides from what it measures, as on a real backend. ``--fit``:
 
 - ``model``: the rule prices with the cost model (the sim's own path; nothing hidden);
 - ``kinds``: a fit per kind of layer, entry / middle / last (what real backends use);
-- ``one-line``: one fit over every layer (real backends before issue 11's fourth round).
+- ``one-line``: one line over every layer by job count (real backends before issue 11's fourth
+  round).
 
     python bench/fit_in_sim.py --fit kinds bench --model qwen3.6-35b-a3b --profile thor \
         --policy runahead --concurrency 4,8 --cache-fraction 0.3 --steps 64 --out DIR
@@ -46,8 +47,14 @@ def use_fit(fit: str) -> None:
         self._model = self._pricer = None  # the rule measures, as without a cost model
 
     scheduler.ComputeScheduler.__init__ = measuring  # type: ignore[method-assign]
-    if fit == "one-line":
-        ComputeFit.line = lambda self, layer: self.middle  # type: ignore[method-assign]
+    if fit == "one-line":  # the fit before: one line over every layer's groups, by job count
+
+        def observe_group(self, jobs, seconds):  # type: ignore[no-untyped-def]
+            if not any(job.prefill for job in jobs):
+                self.middle.observe(len(jobs), seconds)
+
+        ComputeFit.observe_group = observe_group  # type: ignore[method-assign]
+        ComputeFit.__call__ = lambda self, jobs: self.middle(len(jobs))  # type: ignore[method-assign]
 
 
 VARIANTS = ("fit-one-line", "fit-per-kind-jobs", "fit-per-kind-experts", "cost-model")
@@ -77,9 +84,10 @@ def summary(folder: Path) -> None:
             if gain > 0 and variant in point:
                 kept[variant].append((point[variant] / paper - 1) / gain)
     for variant, shares in kept.items():
+        low, high, mean = (round(x, 2) or 0.0 for x in (min(shares), max(shares), sum(shares) / len(shares)))
         print(
-            f"{variant}: keeps {min(shares):.0%}-{max(shares):.0%} of the rule's gain with the cost model "
-            f"(mean {sum(shares) / len(shares):.0%}, {len(shares)} points)"
+            f"{variant}: keeps {low:.0%}-{high:.0%} of the rule's gain with the cost model "
+            f"(mean {mean:.0%}, {len(shares)} points)"
         )
 
 
