@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,25 +45,26 @@ from runahead.jobs import ENTRY_LAYER, Group, Job, distinct_experts
 from runahead.metrics import Recorder, intersection_total, overlap_limit, union
 from runahead.relaxation import floor, level
 
-observed: list[tuple[int, int, int, float]] = []  # layer, jobs, distinct experts, seconds
-computed: list[Job] = []  # every decode job, as computed
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """One decode group as its scheduler computed it."""
+
+    recorder: int  # its run's Recorder (id): runs of one command are told apart by it
+    jobs: tuple[Job, ...]
+    start: float
+    end: float
+    measured: bool  # the run's rule priced from a fit (bottleneck grouping, no cost model)
+
+
+groups: list[Computed] = []
 reads: dict[int, list[tuple[float, float]]] = {}  # recorder -> its landed reads' intervals
-groups: list[tuple[int, int, int, float, float]] = []  # every policy's decode groups: recorder, layer,
-# distinct experts, start, end
-_observe_group, _compute, _fetch = ComputeFit.observe_group, Recorder.compute, Recorder.fetch
-_scheduler_compute = ComputeScheduler._compute
-_computing: dict[int, Group] = {}  # recorder -> the group its scheduler is computing
-
-
-def recording_observe_group(self, jobs, seconds):  # type: ignore[no-untyped-def]
-    if not any(job.prefill for job in jobs):
-        observed.append((jobs[0].layer, len(jobs), distinct_experts(jobs), seconds))
-        computed.extend(jobs)
-    return _observe_group(self, jobs, seconds)
+_compute, _fetch, _scheduler_compute = Recorder.compute, Recorder.fetch, ComputeScheduler._compute
+_computing: dict[int, tuple[Group, bool]] = {}  # recorder -> the group its scheduler computes
 
 
 async def recording_scheduler_compute(self, group):  # type: ignore[no-untyped-def]
-    _computing[id(self.recorder)] = group
+    _computing[id(self.recorder)] = group, self._bottleneck and self._model is None
     try:
         return await _scheduler_compute(self, group)
     finally:
@@ -70,9 +72,9 @@ async def recording_scheduler_compute(self, group):  # type: ignore[no-untyped-d
 
 
 def recording_compute(self, start, end, layer, requests):  # type: ignore[no-untyped-def]
-    group = _computing.get(id(self))
-    if group is not None and not any(job.prefill for job in group.jobs):
-        groups.append((id(self), layer, group.distinct_experts(), start, end))
+    computing = _computing.get(id(self))  # the scheduler records its group after the compute
+    if computing is not None and not any(job.prefill for job in computing[0].jobs):
+        groups.append(Computed(id(self), computing[0].jobs, start, end, computing[1]))
     return _compute(self, start, end, layer, requests)
 
 
@@ -81,10 +83,22 @@ def recording_fetch(self, start, end, key, prefetch):  # type: ignore[no-untyped
     return _fetch(self, start, end, key, prefetch)
 
 
-ComputeFit.observe_group = recording_observe_group  # type: ignore[method-assign]
 ComputeScheduler._compute = recording_scheduler_compute  # type: ignore[method-assign]
 Recorder.compute = recording_compute  # type: ignore[method-assign]
 Recorder.fetch = recording_fetch  # type: ignore[method-assign]
+
+
+def fitted() -> list[Computed]:
+    """The groups a run's fit observed (those of runs whose rule measures), in order."""
+    return [group for group in groups if group.measured]
+
+
+def rows(computed: list[Computed]) -> list[tuple[int, int, int, float]]:
+    """``(layer, jobs, distinct experts, seconds)`` of each group."""
+    return [
+        (group.jobs[0].layer, len(group.jobs), distinct_experts(group.jobs), group.end - group.start)
+        for group in computed
+    ]
 
 
 def report_contention() -> None:
@@ -92,13 +106,14 @@ def report_contention() -> None:
     distinct experts computed with reads in flight all along (every policy of the command; sync's
     groups never overlap a read): on 2 cores the reads' threads take the compute's CPU time."""
     merged = {recorder: union(intervals) for recorder, intervals in reads.items()}
-    last = max((layer for _, layer, *_ in groups), default=0)
+    last = max((group.jobs[0].layer for group in groups), default=0)
     alone: dict[int, list[float]] = {}
     overlapped: dict[int, list[float]] = {}
-    for recorder, layer, distinct, start, end in groups:
+    for group, (layer, _, distinct, _) in zip(groups, rows(groups), strict=True):
+        start, end = group.start, group.end
         if not 0 <= layer < last or end <= start:
             continue
-        share = intersection_total(merged.get(recorder, []), [(start, end)]) / (end - start)
+        share = intersection_total(merged.get(group.recorder, []), [(start, end)]) / (end - start)
         if share < 0.1 or share > 0.9:
             (alone if share < 0.1 else overlapped).setdefault(distinct, []).append(end - start)
     sizes = [d for d in sorted(alone) if any(abs(d - o) <= 2 for o in overlapped)]
@@ -128,7 +143,9 @@ def kind(layer: int, last: int) -> str:
     return "entry" if layer == ENTRY_LAYER else "last" if layer == last else "middle"
 
 
-def online_errors(per_kind: bool, experts: bool, last: int, skip: int = 32) -> list[float]:
+def online_errors(
+    observed: list[tuple[int, int, int, float]], per_kind: bool, experts: bool, last: int, skip: int = 32
+) -> list[float]:
     """Relative error of each group's price from the least-squares line of the groups before it (of
     its layer kind, with ``per_kind``; a kind not seen yet is priced by the middle layers' line)."""
     seen: dict[str, list[tuple[float, float]]] = {}
@@ -146,6 +163,7 @@ def online_errors(per_kind: bool, experts: bool, last: int, skip: int = 32) -> l
 
 
 def report() -> None:
+    observed = rows(fitted())
     if len(observed) < 40:
         print(f"only {len(observed)} decode groups observed: nothing to fit")
         return
@@ -153,20 +171,22 @@ def report() -> None:
     sizes = [jobs for _, jobs, _, _ in observed]
     print(f"{len(observed)} decode groups, {min(sizes)}-{max(sizes)} jobs, last layer {last}")
     for name, (per_kind, experts) in MODELS.items():
-        errors = online_errors(per_kind, experts, last)
+        errors = online_errors(observed, per_kind, experts, last)
         median, mean = statistics.median(errors), statistics.fmean(errors)
         print(f"{name:>29}: online error median {median:.1%}, mean {mean:.1%}")
     for group in ("entry", "middle", "last", "all"):
-        rows = [(j, d, t) for layer, j, d, t in observed if group in ("all", kind(layer, last))]
-        if len({j for j, _, _ in rows}) < 2:
+        kind_rows = [(j, d, t) for layer, j, d, t in observed if group in ("all", kind(layer, last))]
+        if len({j for j, _, _ in kind_rows}) < 2:
             continue
-        x = np.array([[1.0, j] for j, _, _ in rows])
-        (shared, per_job), *_ = np.linalg.lstsq(x, np.array([t for *_, t in rows]), rcond=None)
+        x = np.array([[1.0, j] for j, _, _ in kind_rows])
+        (shared, per_job), *_ = np.linalg.lstsq(x, np.array([t for *_, t in kind_rows]), rcond=None)
         shared_ms, per_job_ms = shared * 1e3, per_job * 1e3
-        print(f"  {group:>6} ({len(rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job")
+        print(
+            f"  {group:>6} ({len(kind_rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job"
+        )
         if group in ("middle", "last"):
-            x = np.array([[1.0, d] for _, d, _ in rows])
-            (shared, per_expert), *_ = np.linalg.lstsq(x, np.array([t for *_, t in rows]), rcond=None)
+            x = np.array([[1.0, d] for _, d, _ in kind_rows])
+            (shared, per_expert), *_ = np.linalg.lstsq(x, np.array([t for *_, t in kind_rows]), rcond=None)
             shared_ms, per_expert_ms = shared * 1e3, per_expert * 1e3
             print(f"  {group:>6}: {shared_ms:.2f} ms shared + {per_expert_ms:.2f} ms per distinct expert")
 
@@ -179,15 +199,16 @@ def report_floor(out: str) -> None:
     """The relaxation's floor under the run's last rounds, at the run's measured costs."""
     rows = [json.loads(line) for line in Path(out, "results.jsonl").read_text().splitlines()]
     sync = next((row for row in rows if row["policy"] == "sync"), None)
+    computed = fitted()
     if sync is None or not computed:
         print("--floor needs a sync row and a bottleneck grouping's groups in the same run")
         return
-    fit = ComputeFit(max(job.layer for job in computed))
-    for layer, jobs, distinct, seconds in observed:  # the whole run's fit, one group at a time
-        fit.line(layer).observe(jobs if layer == ENTRY_LAYER else distinct, seconds)
+    fit = ComputeFit(max(group.jobs[0].layer for group in computed))
     rounds: dict[int, dict[int, list[Job]]] = {}
-    for job in computed:
-        rounds.setdefault(job.epoch, {}).setdefault(job.layer, []).append(job)
+    for group in computed:  # the whole run's fit, as the runtime fits it, and its rounds' levels
+        fit.observe_group(group.jobs, group.end - group.start)
+        for job in group.jobs:
+            rounds.setdefault(job.epoch, {}).setdefault(job.layer, []).append(job)
     requests, last = sync["concurrency"], fit.last_layer
     whole = sorted(
         epoch for epoch, levels in rounds.items() if all(len(jobs) == requests for jobs in levels.values())
@@ -238,4 +259,4 @@ if __name__ == "__main__":
             report_floor(args[args.index("--out") + 1])
         if dump is not None:
             with open(dump, "w") as out:
-                out.writelines(json.dumps(row) + "\n" for row in observed)
+                out.writelines(json.dumps(row) + "\n" for row in rows(fitted()))
