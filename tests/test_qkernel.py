@@ -1,4 +1,4 @@
-"""The CPU kernel that multiplies rows by Q4_0 / Q8_0 matrices as stored (runahead.models.qkernel).
+"""The CPU kernel that multiplies rows by Q4_0 / Q8_0 / BF16 / F16 matrices as stored (runahead.models.qkernel).
 
 Judged against float64 products with the ``gguf`` package's dequantized weights; and, inside a tiny
 GGUF model, against the dequantize-then-matmul path it replaces (tests/test_gguf.py checks the
@@ -27,15 +27,23 @@ BUILDS = [None, "portable"]
 """The build chosen for this CPU (AVX2 where it runs), and the portable C one (what arm64 runs)."""
 
 
-def _matrix(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random ``[n, k]`` matrix as ``kind`` bytes, and those bytes dequantized by the gguf package.
+HALF = {"BF16": torch.bfloat16, "F16": torch.float16}
 
-    Row scales span fp16's range from subnormal to large, so every kind of block scale is read.
+
+def _matrix(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``[n, k]`` matrix as ``kind`` bytes, and those bytes dequantized by the gguf package
+    (a half-width one: widened by torch, which is exact).
+
+    Row scales span fp16's range from subnormal to large, so every kind of block scale is read (and
+    every kind of half-width number: subnormal float16 rows, large bfloat16 ones).
     """
     rng = np.random.default_rng(seed)
     scales = np.exp(4 * rng.standard_normal((n, 1))).astype(np.float32)
     scales[0] = 1e-6  # a subnormal fp16 block scale
     matrix = rng.standard_normal((n, k), dtype=np.float32) * scales
+    if kind in HALF:
+        half = torch.from_numpy(np.minimum(np.abs(matrix), 6e4) * np.sign(matrix)).to(HALF[kind])
+        return half.view(torch.uint8).reshape(-1).clone(), half.float()
     data = quants.quantize(matrix, GGMLQuantizationType[kind])
     weights = quants.dequantize(data, GGMLQuantizationType[kind])
     return torch.from_numpy(data.reshape(-1).copy()), torch.from_numpy(weights)
@@ -54,9 +62,9 @@ def test_dequantize_equals_the_gguf_packages_dequantizer_bit_for_bit(kind: str) 
 @needs_kernel
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "BF16", "F16"])
 def test_grouped_product_equals_the_dequantized_product(kind: str, threads: int, build: str | None) -> None:
-    n, k = 48, 96  # outputs not whole 32-output units; 3 blocks per row
+    n, k = 46, 96  # outputs not whole 32-output units nor whole passes of 4; 3 blocks per row
     spans = [(0, 1), (1, 12), (12, 16)]  # 11 rows: more than the kernel's 8 at once
     mats = [_matrix(kind, n, k, seed) for seed in range(len(spans))]
     x = torch.randn(16, k)
@@ -72,6 +80,9 @@ def test_grouped_product_equals_the_dequantized_product(kind: str, threads: int,
         scale = x[start:stop].double().abs() @ weights.double().abs().T  # float32 rounding grows with it
         assert ((y[start:stop].double() - want).abs() <= 4e-6 * scale).all()
     assert torch.equal(alone[0], y[5])  # a row's result does not depend on the rows beside it
+    for rows in range(1, 10):  # nor on how many rows share its pass (1-2 rows run 4 outputs at once, ...)
+        some = qkernel.grouped_product(x[5 : 5 + rows], [mats[1][0].data_ptr()], [(0, rows)], kind, n, build=build)
+        assert torch.equal(some[0], y[5])
 
 
 @needs_kernel
@@ -81,8 +92,8 @@ def test_rows_outside_every_span_are_zero_and_bad_arguments_are_refused() -> Non
     y = qkernel.grouped_product(x, [data.data_ptr()], [(1, 3)], "Q4_0", 32)
     assert torch.equal(y[[0, 3, 4]], torch.zeros(3, 32))
     assert torch.allclose(y[1:3], x[1:3] @ weights.T, atol=1e-4)
-    with pytest.raises(ValueError, match="F16"):
-        qkernel.grouped_product(x, [data.data_ptr()], [(0, 5)], "F16", 32)
+    with pytest.raises(ValueError, match="MXFP4"):
+        qkernel.grouped_product(x, [data.data_ptr()], [(0, 5)], "MXFP4", 32)
     with pytest.raises(ValueError, match="float32"):
         qkernel.grouped_product(x.double(), [data.data_ptr()], [(0, 5)], "Q4_0", 32)
     with pytest.raises(ValueError, match="rows of 48"):

@@ -42,6 +42,7 @@ from runahead.backends.common import (
 from runahead.backends.dtypes import resolve_dtype
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
+from runahead.models.layout import ExpertLayout
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 
 
@@ -111,6 +112,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         store: Literal["disk", "host"] = "disk",
         queue_depth: int = 2,
         dtype: torch.dtype | str = torch.float32,
+        expert_slots: Literal["auto", "stored", "compute"] = "auto",
         **options: Any,
     ) -> TorchBackend:
         """Load the Hugging Face folder (or ``.gguf`` file) ``path`` and build a backend with cache slots.
@@ -122,7 +124,11 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         (:func:`runahead.backends.dtypes.resolve_dtype`: ``auto`` is bfloat16 on CUDA and the faster
         of float32 and bfloat16 at the model's shapes on CPU, measured once per process; float32 on
         CPU for a GGUF file where the stored-expert kernel runs, :mod:`runahead.models.qkernel`).
-        ``options`` go to the constructor.
+        ``expert_slots``: how the cache holds a safetensors checkpoint's experts: ``compute`` in the
+        compute dtype (widened on the way in), ``stored`` as the file stores them (bfloat16 or
+        float16, half the bytes of float32, multiplied as stored by the CPU kernel: float32 compute
+        on CPU only), ``auto`` stored wherever that applies (:func:`_stored_slots`). A GGUF's experts
+        are always kept as stored. ``options`` go to the constructor.
         """
         from runahead.models import load_model
         from runahead.models.loader import model_config
@@ -141,6 +147,10 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         else:
             dtype = resolve_dtype(dtype, device)
         model, layout = load_model(path, device=device, dtype=dtype)
+        stored = _stored_slots(layout, expert_slots, torch.device(device), dtype)
+        if stored is not None and not layout.stored:
+            layout = stored
+            model.keep_stored(layout)
         if cache_slots is None:
             assert cache_fraction is not None
             config = model.config
@@ -442,6 +452,47 @@ def _stored_kernel_applies(path: str) -> bool:
     from runahead.models.gguf import is_gguf
 
     return is_gguf(path) and qkernel.available()
+
+
+def _stored_slots(
+    layout: ExpertLayout, mode: str, device: torch.device, dtype: torch.dtype
+) -> ExpertLayout | None:
+    """The layout the cache slots follow for ``expert_slots=mode``: ``layout`` itself, its stored form
+    (:func:`runahead.models.layout.kept_as_stored`), or None to keep compute-dtype slots.
+
+    ``auto`` keeps half-width experts as stored where the CPU kernel multiplies them: float32 compute on
+    the CPU and the kernel built (``RUNAHEAD_QUANT_KERNEL`` not ``off``). ``stored`` raises where it
+    cannot apply, naming why; ``compute`` refuses a GGUF (its experts have no other form here).
+    """
+    from runahead.models import qkernel
+    from runahead.models.layout import HALF_WIDTH, kept_as_stored
+
+    if mode not in ("auto", "stored", "compute"):
+        raise ValueError(f"expert_slots must be auto, stored or compute, not {mode!r}")
+    if layout.stored:
+        if mode == "compute":
+            raise ValueError("a GGUF's experts are kept as stored: expert_slots=compute applies to safetensors")
+        return layout
+    if mode == "compute":
+        return None
+    why = None
+    if device.type != "cpu" or dtype != torch.float32:
+        why = f"the compute is {str(dtype).removeprefix('torch.')} on {device.type} (needs float32 on the CPU)"
+    elif (stored := kept_as_stored(layout)) is None:
+        found = sorted({r.dtype for ranges in layout.ranges.values() for r in ranges})
+        why = f"the experts are {'/'.join(found)} (needs all {' or all '.join(HALF_WIDTH)}, no biases)"
+    elif layout.hidden_size % qkernel.BLOCK or layout.intermediate_size % qkernel.BLOCK:
+        why = (
+            f"the kernel takes rows of whole {qkernel.BLOCK}-weight blocks, not the experts' "
+            f"{layout.hidden_size} and {layout.intermediate_size}"
+        )
+    elif not qkernel.available():
+        why = "the CPU kernel does not run here (RUNAHEAD_QUANT_KERNEL=off, or no C compiler)"
+    if why is None:
+        return stored
+    if mode == "stored":
+        raise ValueError(f"expert_slots=stored does not apply: {why}")
+    return None
 
 
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ from runahead.models.description import (
     MoEConfig,
     require,
 )
-from runahead.models.layout import SlotFormat
+from runahead.models.layout import ExpertLayout, SlotFormat
 from runahead.models.state import KVLayer, LayerState, RequestState
 
 __all__ = [
@@ -92,10 +92,16 @@ class MoEModel(ModelDescription):
         self.inv_freq = inv_freq / config.rope_scaling_factor
         self.rope_attention_factor = 1.0
         self.slot_formats: Mapping[int, SlotFormat] | None = None
-        """Per layer, how a stored slot holds its experts (GGUF; set by the loader), or None when
-        slots hold experts in the compute dtype. See :meth:`expert_weights`."""
+        """Per layer, how a stored slot holds its experts (:meth:`keep_stored`), or None when slots
+        hold experts in the compute dtype. See :meth:`expert_weights`."""
         self._scratch: dict[torch.device, Tensor] = {}
         self._stored_kinds: dict[int, str | None] = {}
+
+    def keep_stored(self, layout: ExpertLayout) -> None:
+        """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:
+        GGUF's types, or a half-width safetensors checkpoint's, :func:`~runahead.models.layout.kept_as_stored`)."""
+        self.slot_formats = {layer: layout.slot_format(layer) for layer in range(layout.num_layers)}
+        self._stored_kinds.clear()
 
     def project_qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v ``[T, heads, head_dim]`` of the normed rows ``x``, before RoPE (q/k norm, clipping)."""
@@ -287,8 +293,8 @@ class MoEModel(ModelDescription):
     def stored_experts(
         self, layer: int, rows: Tensor, spans: Sequence[tuple[int, int, int]], experts: Mapping[int, Tensor]
     ) -> Tensor | None:
-        """Every expert of a group straight from its stored Q4_0 / Q8_0 slot, or None where this does
-        not apply (then :meth:`moe_partial` dequantizes each expert and calls :meth:`run_expert`).
+        """Every expert of a group straight from its stored slot (Q4_0, Q8_0, BF16, F16), or None where
+        this does not apply (then :meth:`moe_partial` dequantizes each expert and calls :meth:`run_expert`).
 
         ``rows``: the group's rows in expert order, ``spans``: ``(expert, start, stop)`` runs of them.
         On CPU, for float32 rows and a layer whose ``gate``, ``up``, ``down`` share one such type, the
@@ -321,7 +327,8 @@ class MoEModel(ModelDescription):
         return out
 
     def _stored_kind(self, layer: int) -> str | None:
-        """The one kernel type (Q4_0 / Q8_0) of ``layer``'s ``gate | up | down`` slots, or None."""
+        """The one kernel type (:data:`~runahead.models.qkernel.KINDS`) of ``layer``'s ``gate | up | down``
+        slots, or None where the kernel does not multiply them."""
         if self.slot_formats is None:
             return None
         if layer not in self._stored_kinds:
@@ -331,7 +338,8 @@ class MoEModel(ModelDescription):
             kinds = {p.kind for p in parts}
             usable = tuple(p.role for p in parts) == ("gate", "up", "down") and len(kinds) == 1
             kind = kinds.pop() if usable else None
-            self._stored_kinds[layer] = kind if kind in qkernel.KINDS and qkernel.available() else None
+            fits = kind is not None and qkernel.multiplies(kind, [p.shape[-1] for p in parts])
+            self._stored_kinds[layer] = kind if fits else None
         return self._stored_kinds[layer]
 
     def expert_weights(self, layer: int, slot: Tensor, dtype: torch.dtype) -> Tensor:

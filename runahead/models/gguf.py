@@ -350,7 +350,7 @@ def load_gguf(
     """
     arch, config, weights, layout = read_gguf(path, device, dtype)
     built = arch(config, weights)
-    built.slot_formats = {layer: layout.slot_format(layer) for layer in range(config.num_layers)}
+    built.keep_stored(layout)
     return built, layout
 
 

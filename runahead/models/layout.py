@@ -13,8 +13,9 @@ gpt-oss stores its experts the other way round and with biases; its slots hold t
 ``gate_up_t [H, 2I]`` (``y = x @ W``, gate and up columns interleaved), ``down_t [I, H]``, then
 ``gate_up_bias [2I]`` and ``down_bias [H]``. The model reading a slot knows which form it holds.
 
-Stored slots (GGUF): a layout whose ``stored`` is set keeps each expert *as its file stores it*
-(Q4_0, Q8_0, MXFP4, F16, BF16, F32): the slot is a byte buffer, and a :class:`SlotFormat` per layer says
+Stored slots (GGUF, and half-width safetensors on a float32 CPU: :func:`kept_as_stored`): a layout
+whose ``stored`` is set keeps each expert *as its file stores it* (Q4_0, Q8_0, MXFP4, F16, BF16,
+F32): the slot is a byte buffer, and a :class:`SlotFormat` per layer says
 where each of ``gate``, ``up``, ``down`` lies in it and in which type. The compute dequantizes a
 stored slot when it uses it (:mod:`runahead.models.quant` on torch); the format is plain data, so
 another backend (MLX: Q4_0 is affine 4-bit, group 32, scale ``d``, bias ``-8d``) reads the same
@@ -24,7 +25,7 @@ description.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 ROLES = (
     "gate", "up", "down", "gate_up", "gate_up_t", "down_t",
@@ -204,3 +205,38 @@ class ExpertLayout:
             "gate_up_bias": (3 * block, 3 * block + 2 * inter),
             "down_bias": (3 * block + 2 * inter, 3 * block + 2 * inter + self.hidden_size),
         }
+
+
+HALF_WIDTH = ("BF16", "F16")
+"""File types a safetensors checkpoint's experts may keep in stored slots (:func:`kept_as_stored`)."""
+
+
+def kept_as_stored(layout: ExpertLayout) -> ExpertLayout | None:
+    """``layout`` with every expert kept as its file stores it (a ``stored`` layout), or None where
+    that does not apply.
+
+    For a safetensors checkpoint whose experts are all bfloat16 or all float16 (:data:`HALF_WIDTH`)
+    ``gate``, ``up``, ``down`` (or a fused ``gate_up``, split into its halves as :func:`unfused` does),
+    without biases: its slots then hold the file's bytes, half the size of float32 slots, and a
+    float32 CPU compute multiplies them as stored (:mod:`runahead.models.qkernel`) instead of widening
+    every expert on its way into the cache. Already-stored layouts (GGUF) are returned as they are.
+    """
+    if layout.stored:
+        return layout
+    if layout.biases:
+        return None
+    kinds = {r.dtype for ranges in layout.ranges.values() for r in ranges}
+    if len(kinds) != 1 or not kinds <= set(HALF_WIDTH):
+        return None
+    hidden, inter = layout.hidden_size, layout.intermediate_size
+    ranges: dict[tuple[int, int], tuple[TensorRange, ...]] = {}
+    for key, expert in layout.ranges.items():
+        parts = []
+        for r in expert:
+            if r.role not in ("gate", "up", "down", "gate_up"):
+                return None
+            for role, offset, nbytes in unfused(r.role, r.offset, r.nbytes):
+                shape = r.shape if role == r.role else role_shape(role, hidden, inter)
+                parts.append(TensorRange(r.path, offset, nbytes, r.dtype, shape, role))
+        ranges[key] = tuple(parts)
+    return replace(layout, ranges=ranges, stored=True)

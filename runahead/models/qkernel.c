@@ -1,9 +1,11 @@
-/* Products of float32 rows with Q4_0 / Q8_0 matrices, read as the file stores them (runahead.models.qkernel).
+/* Products of float32 rows with Q4_0 / Q8_0 / BF16 / F16 matrices, read as the file stores them
+ * (runahead.models.qkernel).
  *
  * y[r, i] = sum_k x[r, k] * w[i, k], w[i, k] = d * q exactly as ggml dequantizes it (d the block's fp16 scale
  * widened to float32, q the block's integer: nibble - 8 for Q4_0, int8 for Q8_0; the product is exact in
- * float32). Each weight is formed in registers and used for up to 8 rows at once, so no float32 copy of a
- * matrix is ever written. Each output sums its 32-weight blocks in order, eight lanes at a time, then adds
+ * float32), or the bfloat16 / float16 weight widened to float32 (exact). A half-width matrix is read as
+ * 32-weight "blocks" of 64 bytes with no scale. Each weight is formed in registers and used for up to 8
+ * rows at once, so no float32 copy of a matrix is ever written. Each output sums its 32-weight blocks in order, eight lanes at a time, then adds
  * the lanes: the same order whatever the other rows, so a row's result does not depend on its batch.
  *
  * One call runs a whole group: segment s multiplies rows [starts[s], stops[s]) of x by the matrix at
@@ -22,13 +24,15 @@
 #define ROWS 8   /* rows sharing one pass over a matrix row */
 #define CHUNK 32 /* outputs per unit of work */
 
+static const int64_t BLOCK_BYTES[4] = {18, 34, 64, 64}; /* bytes per 32 weights, by kind */
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define RUNAHEAD_AVX2 1
 #endif
 
 typedef struct {
-    int kind; /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks) */
+    int kind; /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks), 2: BF16, 3: F16 (64-byte blocks) */
     const float *x;
     float *y;
     int64_t n, k, segments, units_per_segment, units;
@@ -48,44 +52,82 @@ static inline __m256 widen(__m128i q, __m256 d) { /* 8 int8 (low half of q) time
     return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
 }
 
+static inline __m256 half8(int kind, __m128i h) { /* 8 bfloat16 (kind 2) or float16 (3) -> float32, exact */
+    if (kind == 3) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The 32 weights of one block as four vectors of eight float32. */
+static inline __attribute__((always_inline)) void block_weights(int kind, const uint8_t *block, __m256 out[4]) {
+    if (kind >= 2) { /* 32 half-width weights, 8 per load */
+        const __m128i *h = (const __m128i *)block;
+        for (int c = 0; c < 4; c++) out[c] = half8(kind, _mm_loadu_si128(h + c));
+        return;
+    }
+    uint16_t half;
+    memcpy(&half, block, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(half));
+    __m128i q0, q1;
+    if (kind == 0) { /* weights 0-15: low nibbles, 16-31: high nibbles */
+        const __m128i q = _mm_loadu_si128((const __m128i *)(block + 2)), low = _mm_set1_epi8(0x0F);
+        q0 = _mm_sub_epi8(_mm_and_si128(q, low), _mm_set1_epi8(8));
+        q1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_set1_epi8(8));
+    } else {
+        q0 = _mm_loadu_si128((const __m128i *)(block + 2));
+        q1 = _mm_loadu_si128((const __m128i *)(block + 18));
+    }
+    out[0] = widen(q0, d), out[1] = widen(_mm_srli_si128(q0, 8), d);
+    out[2] = widen(q1, d), out[3] = widen(_mm_srli_si128(q1, 8), d);
+}
+
+/* Outputs i .. i + outs - 1 of `rows` rows (outs * rows <= 8 accumulators: several outputs at once keep
+ * a one- or two-row product from waiting on one accumulator's chain). Each output's sum runs in the
+ * same order whatever `rows` and `outs` are. */
+static inline __attribute__((always_inline)) void outputs(int kind, const uint8_t *w, const float *x, float *y,
+                                                          const int rows, int64_t n, int64_t k, int64_t i,
+                                                          const int outs) {
+    const int64_t blocks = k / 32, block_bytes = BLOCK_BYTES[kind], stride = blocks * block_bytes;
+    __m256 acc[4][ROWS];
+    for (int o = 0; o < outs; o++)
+        for (int r = 0; r < rows; r++) acc[o][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * 32;
+        for (int o = 0; o < outs; o++) {
+            __m256 wv[4];
+            block_weights(kind, w + (i + o) * stride + b * block_bytes, wv);
+            for (int r = 0; r < rows; r++) {
+                const float *xr = xb + r * k;
+                __m256 a = acc[o][r];
+                for (int c = 0; c < 4; c++) a = _mm256_fmadd_ps(wv[c], _mm256_loadu_ps(xr + 8 * c), a);
+                acc[o][r] = a;
+            }
+        }
+    }
+    for (int o = 0; o < outs; o++)
+        for (int r = 0; r < rows; r++) y[r * n + i + o] = lane_sum(acc[o][r]);
+}
+
+#define RUN(ROWS_, OUTS_)                                                                                   \
+    for (; i + (OUTS_) <= i1; i += (OUTS_)) outputs(kind, w, x, y, ROWS_, n, k, i, OUTS_);                  \
+    for (; i < i1; i++) outputs(kind, w, x, y, ROWS_, n, k, i, 1);                                          \
+    return;
+
 /* Outputs [i0, i1) of `rows` (<= ROWS) rows x (stride k) into y (stride n), matrix w. */
 static void product(int kind, const uint8_t *w, const float *x, float *y, int rows, int64_t n, int64_t k,
                     int64_t i0, int64_t i1) {
-    const int64_t blocks = k / 32, block_bytes = kind == 0 ? 18 : 34;
-    const __m128i low = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-    for (int64_t i = i0; i < i1; i++) {
-        __m256 acc[ROWS];
-        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
-        const uint8_t *block = w + i * blocks * block_bytes;
-        for (int64_t b = 0; b < blocks; b++, block += block_bytes) {
-            uint16_t half;
-            memcpy(&half, block, 2);
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(half));
-            __m128i q0, q1;
-            if (kind == 0) { /* weights 0-15: low nibbles, 16-31: high nibbles */
-                const __m128i q = _mm_loadu_si128((const __m128i *)(block + 2));
-                q0 = _mm_sub_epi8(_mm_and_si128(q, low), eight);
-                q1 = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), low), eight);
-            } else {
-                q0 = _mm_loadu_si128((const __m128i *)(block + 2));
-                q1 = _mm_loadu_si128((const __m128i *)(block + 18));
-            }
-            const __m256 w0 = widen(q0, d), w1 = widen(_mm_srli_si128(q0, 8), d);
-            const __m256 w2 = widen(q1, d), w3 = widen(_mm_srli_si128(q1, 8), d);
-            const float *xb = x + b * 32;
-            for (int r = 0; r < rows; r++) {
-                const float *xr = xb + r * k;
-                __m256 a = acc[r];
-                a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), a);
-                a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), a);
-                a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), a);
-                a = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), a);
-                acc[r] = a;
-            }
-        }
-        for (int r = 0; r < rows; r++) y[r * n + i] = lane_sum(acc[r]);
+    int64_t i = i0;
+    switch (rows) {
+    case 1: RUN(1, 4)
+    case 2: RUN(2, 4)
+    case 3: RUN(3, 2)
+    case 4: RUN(4, 2)
+    case 5: RUN(5, 1)
+    case 6: RUN(6, 1)
+    case 7: RUN(7, 1)
+    default: RUN(8, 1)
     }
 }
+#undef RUN
 #else
 static inline float half_to_float(uint16_t h) { /* IEEE binary16 -> binary32, exact */
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
@@ -104,25 +146,39 @@ static inline float half_to_float(uint16_t h) { /* IEEE binary16 -> binary32, ex
     return f;
 }
 
+static inline float bfloat_to_float(uint16_t h) { /* bfloat16 is float32's top half: exact */
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static void product(int kind, const uint8_t *w, const float *x, float *y, int rows, int64_t n, int64_t k,
                     int64_t i0, int64_t i1) {
-    const int64_t blocks = k / 32, block_bytes = kind == 0 ? 18 : 34;
+    const int64_t blocks = k / 32, block_bytes = BLOCK_BYTES[kind];
     for (int64_t i = i0; i < i1; i++) {
         float acc[ROWS][8];
         memset(acc, 0, sizeof acc);
         const uint8_t *block = w + i * blocks * block_bytes;
         for (int64_t b = 0; b < blocks; b++, block += block_bytes) {
-            uint16_t half;
-            memcpy(&half, block, 2);
-            const float d = half_to_float(half);
             float wb[32];
-            if (kind == 0) { /* weights 0-15: low nibbles, 16-31: high nibbles */
-                for (int j = 0; j < 16; j++) {
-                    wb[j] = d * (float)((int)(block[2 + j] & 0x0F) - 8);
-                    wb[j + 16] = d * (float)((int)(block[2 + j] >> 4) - 8);
+            uint16_t half;
+            if (kind >= 2) { /* 32 half-width weights, no scale */
+                for (int j = 0; j < 32; j++) {
+                    memcpy(&half, block + 2 * j, 2);
+                    wb[j] = kind == 3 ? half_to_float(half) : bfloat_to_float(half);
                 }
             } else {
-                for (int j = 0; j < 32; j++) wb[j] = d * (float)(int8_t)block[2 + j];
+                memcpy(&half, block, 2);
+                const float d = half_to_float(half);
+                if (kind == 0) { /* weights 0-15: low nibbles, 16-31: high nibbles */
+                    for (int j = 0; j < 16; j++) {
+                        wb[j] = d * (float)((int)(block[2 + j] & 0x0F) - 8);
+                        wb[j + 16] = d * (float)((int)(block[2 + j] >> 4) - 8);
+                    }
+                } else {
+                    for (int j = 0; j < 32; j++) wb[j] = d * (float)(int8_t)block[2 + j];
+                }
             }
             const float *xb = x + b * 32;
             for (int r = 0; r < rows; r++) {
@@ -158,7 +214,7 @@ static void *worker(void *arg) {
 int runahead_grouped_product(int kind, const float *x, float *y, int64_t n, int64_t k, int64_t segments,
                              const int64_t *weights, const int64_t *starts, const int64_t *stops,
                              int threads) {
-    if ((kind != 0 && kind != 1) || k % 32 || n <= 0 || segments < 0) return -1;
+    if (kind < 0 || kind > 3 || k % 32 || n <= 0 || segments < 0) return -1;
     work_t job = {kind, x, y, n, k, segments, (n + CHUNK - 1) / CHUNK, 0, weights, starts, stops, 0};
     job.units = job.segments * job.units_per_segment;
     pthread_t helpers[64];

@@ -1,7 +1,10 @@
-"""Q4_0 / Q8_0 expert products on the CPU without dequantizing: a small C kernel, built on first use.
+"""Q4_0 / Q8_0 / BF16 / F16 expert products on the CPU without dequantizing: a small C kernel, built on first use.
 
 The torch CPU path otherwise turns each stored expert into float32 (:mod:`runahead.models.quant`)
-each time a group uses it: writing 6 MB of weights costs more than the product that reads them.
+each time a group uses it: writing 6 MB of weights costs more than the product that reads them. A
+bfloat16 or float16 checkpoint's experts are kept as stored too where the compute is float32 on the
+CPU (:func:`runahead.models.layout.kept_as_stored`): half the bytes in the cache and on every pass
+over an expert, and no widening copy on the link.
 :func:`grouped_product` multiplies float32 rows by the matrices *as the file stores them*, forming
 each weight in registers exactly as ggml dequantizes it (``d * q``, exact in float32), so it agrees
 with dequantize-then-matmul to float32 rounding (it sums in another order) and never writes a
@@ -35,8 +38,17 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-KINDS = {"Q4_0": 0, "Q8_0": 1}
+KINDS = {"Q4_0": 0, "Q8_0": 1, "BF16": 2, "F16": 3}
 """Stored types the kernel multiplies (its ``kind`` codes)."""
+
+BLOCK = 32
+"""Weights per block: the kernel multiplies rows whose length is a whole number of them (Q4_0 and
+Q8_0 rows always are; a bfloat16 or float16 matrix's rows must be too)."""
+
+
+def multiplies(kind: str, row_lengths: Sequence[int]) -> bool:
+    """Whether the kernel multiplies ``kind`` matrices with rows of these lengths (and runs here)."""
+    return kind in KINDS and all(n % BLOCK == 0 for n in row_lengths) and available()
 
 KERNEL_ROWS = {"avx2": 32, "portable": 8}
 """Most rows one expert runs through each build; more (a prefill chunk's) go through dequantize-then-
