@@ -12,9 +12,10 @@ Writes OUT/results.jsonl.
         [--peer-dtypes float32]
 
 ``--same-process`` (CPU) instead loads both once, in one process, and alternates turns (which goes
-first alternates too): on a machine whose memory bandwidth moves by +-15% from minute to minute, the
-paired ratio of each round and their median say more than the best of separate loads. It writes
-OUT/same_process.json.
+first rotates too): on a machine whose memory bandwidth moves by +-15% from minute to minute, the
+paired ratio of each round and their median say more than the best of separate loads. With
+``--expert-slots stored,compute`` ours runs once per way of holding the experts (bfloat16 as stored,
+or widened to float32), each its own turn. It writes OUT/same_process.json.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def run_transformers(path: str, dtype: torch.dtype, prompt: list[int], device: s
     }
 
 
-def same_process(path: str, dtype: str, peer: str, rounds: int) -> dict[str, Any]:
-    """Ours and transformers' ``generate`` loaded once in this process, alternating turns of
-    ``STEPS`` greedy tokens (after ``WARMUP``); per round both tokens/s and their ratio."""
+def same_process(path: str, dtype: str, peer: str, rounds: int, slots: list[str]) -> dict[str, Any]:
+    """Ours (one backend per ``expert_slots`` mode in ``slots``) and transformers' ``generate`` loaded
+    once in this process, in turns of ``STEPS`` greedy tokens (after ``WARMUP``), the order rotating
+    each round; per round each one's tokens/s and ours over transformers."""
     import asyncio
 
     from transformers import AutoModelForCausalLM
@@ -86,10 +88,13 @@ def same_process(path: str, dtype: str, peer: str, rounds: int) -> dict[str, Any
 
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, peer)).eval()
     reference.generation_config.eos_token_id = None
-    backend = TorchBackend.open(path, cache_fraction=1.0, dtype=dtype)
+    backends = {
+        f"ours-{mode}": TorchBackend.open(path, cache_fraction=1.0, dtype=dtype, expert_slots=mode)  # type: ignore[arg-type]
+        for mode in slots
+    }
     prompt = [5]
 
-    def ours() -> tuple[float, list[int]]:
+    def ours(backend: TorchBackend) -> tuple[float, list[int]]:
         async def go() -> tuple[float, list[int]]:
             runtime = await warm_resident(backend, "runahead", prompt, WARMUP)
             start = time.perf_counter()
@@ -103,34 +108,37 @@ def same_process(path: str, dtype: str, peer: str, rounds: int) -> dict[str, Any
         elapsed, out = timed_generate(reference, prompt, STEPS)
         return STEPS / elapsed, out[0, len(prompt) :].tolist()
 
-    turns: dict[str, list[float]] = {"ours": [], "transformers": []}
+    names = [*backends, "transformers"]
+    turns: dict[str, list[float]] = {name: [] for name in names}
     tokens: dict[str, list[int]] = {}
     try:
         for round_ in range(rounds):
-            for name in ("ours", "transformers") if round_ % 2 == 0 else ("transformers", "ours"):
-                speed, tokens[name] = ours() if name == "ours" else theirs()
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
+            for name in order:
+                speed, tokens[name] = theirs() if name == "transformers" else ours(backends[name])
                 turns[name].append(speed)
-            ratio = turns["ours"][-1] / turns["transformers"][-1]
-            print(
-                f"round {round_}: ours {turns['ours'][-1]:.2f} tok/s, transformers "
-                f"{turns['transformers'][-1]:.2f}, ratio {ratio:.3f}",
-                flush=True,
-            )
+            print(f"round {round_}: " + ", ".join(f"{n} {turns[n][-1]:.2f} tok/s" for n in names), flush=True)
     finally:
-        backend.close()
-    ratios = [a / b for a, b in zip(turns["ours"], turns["transformers"], strict=True)]
-    return {
-        "compute_dtype": backend.compute_dtype,
+        for backend in backends.values():
+            backend.close()
+    result: dict[str, Any] = {
+        "compute_dtype": {name: b.compute_dtype for name, b in backends.items()},
+        "slot_dtype": {name: str(b.slots.data.dtype).removeprefix("torch.") for name, b in backends.items()},
         "peer_dtype": peer,
         "threads": torch.get_num_threads(),
         "rounds": rounds,
         "tokens_per_s": turns,
-        "ratios": ratios,
-        "median_ratio": statistics.median(ratios),
-        "rounds_ours_faster": sum(r > 1 for r in ratios),
-        "tokens_equal": sum(a == b for a, b in zip(tokens["ours"], tokens["transformers"], strict=True)),
         "tokens_compared": STEPS,
     }
+    for name in backends:
+        ratios = [a / b for a, b in zip(turns[name], turns["transformers"], strict=True)]
+        result[name] = {
+            "ratios": ratios,
+            "median_ratio": statistics.median(ratios),
+            "rounds_ours_faster": sum(r > 1 for r in ratios),
+            "tokens_equal": sum(a == b for a, b in zip(tokens[name], tokens["transformers"], strict=True)),
+        }
+    return result
 
 
 def agreement(ours: list[int], theirs: dict[str, Any]) -> dict[str, Any]:
@@ -163,18 +171,26 @@ def main() -> None:
         action="store_true",
         help="CPU: both loaded once in one process, alternating turns; paired ratios (see above)",
     )
+    parser.add_argument(
+        "--expert-slots",
+        default="auto",
+        help="with --same-process: ours once per mode given (comma-separated: auto, stored, compute; "
+        "TorchBackend.open's expert_slots), each its own turn",
+    )
     args = parser.parse_args()
     path = args.model or str(medium_model())
     if args.same_process:
         peer = args.peer_dtypes.split(",")[0]
-        result = same_process(path, args.dtype, peer, args.rounds)
+        result = same_process(path, args.dtype, peer, args.rounds, args.expert_slots.split(","))
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "same_process.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(
-            f"runahead vs transformers ({peer}), {result['rounds']} rounds in one process: median ratio "
-            f"{result['median_ratio']:.3f}, ours faster in {result['rounds_ours_faster']}; tokens equal "
-            f"{result['tokens_equal']}/{result['tokens_compared']}"
-        )
+        for name in result["compute_dtype"]:
+            row = result[name]
+            print(
+                f"{name} ({result['slot_dtype'][name]} slots) vs transformers ({peer}), {result['rounds']} "
+                f"rounds in one process: median ratio {row['median_ratio']:.3f}, ours faster in "
+                f"{row['rounds_ours_faster']}; tokens equal {row['tokens_equal']}/{result['tokens_compared']}"
+            )
         return
     point = TorchPoint(
         path,

@@ -297,6 +297,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             args.seed,
             dtype=args.dtype,
             backend=args.backend,
+            expert_slots=args.expert_slots,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

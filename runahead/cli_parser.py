@@ -176,6 +176,14 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     )
     bench.add_argument("--device", type=a.device, default="cpu", help="torch: cpu, cuda or cuda:N")
     bench.add_argument("--dtype", default="auto", choices=DTYPES, help="torch: " + DTYPE_HELP)
+    bench.add_argument(
+        "--expert-slots",
+        default="auto",
+        choices=["auto", "stored", "compute"],
+        help="torch: a bfloat16/float16 checkpoint's experts in the cache as stored (multiplied as stored "
+        "by the CPU kernel; float32 compute on CPU) or widened to the compute dtype; auto: stored where "
+        "that applies",
+    )
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",

@@ -43,6 +43,7 @@ class TorchPoint:
     preload: bool = False  # read every expert that fits into the cache before the run
     dtype: str = "auto"  # compute and cache dtype: float32, bfloat16, float16 or auto (timed at start)
     backend: str = "torch"  # or "mlx" (the same measurement on MLX)
+    expert_slots: str = "auto"  # torch: how the cache holds bf16/f16 experts (TorchBackend.open)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -54,6 +55,10 @@ class TorchPoint:
         if not 0 < self.cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {self.cache_fraction}")
         check_concurrency(self.policy, self.concurrency)
+        if self.expert_slots not in ("auto", "stored", "compute"):
+            raise ValueError(f"expert slots must be auto, stored or compute, got {self.expert_slots!r}")
+        if self.backend != "torch" and self.expert_slots != "auto":
+            raise ValueError("expert slots are chosen on the torch backend only")
 
 
 BUILT_MODELS = ("small", "medium")
@@ -101,6 +106,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         store=point.store,
         queue_depth=point.queue_depth,
         dtype=point.dtype,
+        **({"expert_slots": point.expert_slots} if point.backend == "torch" else {}),
     )
     config = backend.model.config
     runtime = Runtime(
@@ -150,6 +156,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         **asdict(point),
         "backend": point.backend,
         "compute_dtype": backend.compute_dtype,
+        "slot_dtype": _slot_dtype(backend),
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),
@@ -163,3 +170,11 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "prompt_0": list(requests[0].prompt),
         "tokens_0": tokens[0],  # request 0's tokens, warm-up included (to compare with a peer)
     }
+
+
+def _slot_dtype(backend: Any) -> str:
+    """What a cache slot holds: a dtype, or a stored layout's expert types (``BF16``, ``Q4_0``)."""
+    formats = getattr(backend.model, "slot_formats", None)
+    if formats:
+        return "/".join(sorted({part.kind for fmt in formats.values() for part in fmt.parts}))
+    return getattr(backend, "compute_dtype", "unknown")

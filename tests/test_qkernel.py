@@ -1,4 +1,5 @@
-"""The CPU kernel that multiplies rows by Q4_0 / Q8_0 / BF16 / F16 matrices as stored (runahead.models.qkernel).
+"""The CPU kernel that multiplies rows by Q4_0 / Q8_0 / BF16 / F16 matrices as stored
+(runahead.models.qkernel).
 
 Judged against float64 products with the ``gguf`` package's dequantized weights; and, inside a tiny
 GGUF model, against the dequantize-then-matmul path it replaces (tests/test_gguf.py checks the
@@ -81,7 +82,8 @@ def test_grouped_product_equals_the_dequantized_product(kind: str, threads: int,
         assert ((y[start:stop].double() - want).abs() <= 4e-6 * scale).all()
     assert torch.equal(alone[0], y[5])  # a row's result does not depend on the rows beside it
     for rows in range(1, 10):  # nor on how many rows share its pass (1-2 rows run 4 outputs at once, ...)
-        some = qkernel.grouped_product(x[5 : 5 + rows], [mats[1][0].data_ptr()], [(0, rows)], kind, n, build=build)
+        rest = x[5 : 5 + rows]
+        some = qkernel.grouped_product(rest, [mats[1][0].data_ptr()], [(0, rows)], kind, n, build=build)
         assert torch.equal(some[0], y[5])
 
 

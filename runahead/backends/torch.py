@@ -471,13 +471,16 @@ def _stored_slots(
         raise ValueError(f"expert_slots must be auto, stored or compute, not {mode!r}")
     if layout.stored:
         if mode == "compute":
-            raise ValueError("a GGUF's experts are kept as stored: expert_slots=compute applies to safetensors")
+            raise ValueError(
+                "a GGUF's experts are kept as stored: expert_slots=compute applies to safetensors"
+            )
         return layout
     if mode == "compute":
         return None
     why = None
     if device.type != "cpu" or dtype != torch.float32:
-        why = f"the compute is {str(dtype).removeprefix('torch.')} on {device.type} (needs float32 on the CPU)"
+        name = str(dtype).removeprefix("torch.")
+        why = f"the compute is {name} on {device.type} (needs float32 on the CPU)"
     elif (stored := kept_as_stored(layout)) is None:
         found = sorted({r.dtype for ranges in layout.ranges.values() for r in ranges})
         why = f"the experts are {'/'.join(found)} (needs all {' or all '.join(HALF_WIDTH)}, no biases)"

@@ -99,7 +99,8 @@ class MoEModel(ModelDescription):
 
     def keep_stored(self, layout: ExpertLayout) -> None:
         """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:
-        GGUF's types, or a half-width safetensors checkpoint's, :func:`~runahead.models.layout.kept_as_stored`)."""
+        GGUF's types, or a half-width safetensors checkpoint's:
+        :func:`~runahead.models.layout.kept_as_stored`)."""
         self.slot_formats = {layer: layout.slot_format(layer) for layer in range(layout.num_layers)}
         self._stored_kinds.clear()
 

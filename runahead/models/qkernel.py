@@ -1,4 +1,5 @@
-"""Q4_0 / Q8_0 / BF16 / F16 expert products on the CPU without dequantizing: a small C kernel, built on first use.
+"""Q4_0 / Q8_0 / BF16 / F16 expert products on the CPU without dequantizing: a small C kernel, built on
+first use.
 
 The torch CPU path otherwise turns each stored expert into float32 (:mod:`runahead.models.quant`)
 each time a group uses it: writing 6 MB of weights costs more than the product that reads them. A
@@ -49,6 +50,7 @@ Q8_0 rows always are; a bfloat16 or float16 matrix's rows must be too)."""
 def multiplies(kind: str, row_lengths: Sequence[int]) -> bool:
     """Whether the kernel multiplies ``kind`` matrices with rows of these lengths (and runs here)."""
     return kind in KINDS and all(n % BLOCK == 0 for n in row_lengths) and available()
+
 
 KERNEL_ROWS = {"avx2": 32, "portable": 8}
 """Most rows one expert runs through each build; more (a prefill chunk's) go through dequantize-then-

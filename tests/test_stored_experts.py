@@ -1,0 +1,119 @@
+"""A bfloat16 / float16 checkpoint's experts kept as stored in the cache (float32 compute on the CPU).
+
+The slots hold the file's bytes (half of float32's), the CPU kernel multiplies them as stored
+(:mod:`runahead.models.qkernel`), and the tokens are still transformers' in float32 (which widens the
+same weights exactly), under every policy. ``expert_slots`` chooses, and refuses what cannot apply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ggufhelpers import build_tiny_gguf
+
+from runahead.backends.torch import TorchBackend
+from runahead.models import qkernel
+from runahead.models.layout import kept_as_stored
+from runahead.models.loader import load_model, load_reference_slot
+
+from modelhelpers import HIDDEN, build_tiny_model, compare_with_transformers
+
+needs_kernel = pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
+WIDTH = 32  # the experts' width: whole 32-weight blocks, as the kernel needs
+KINDS = {"bfloat16": "BF16", "float16": "F16"}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def half_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A tiny Qwen3-MoE saved in bfloat16 (transformers' fused ``gate_up_proj``) or float16 (per expert)."""
+    dtype = request.param
+    path = build_tiny_model(
+        "qwen3_moe",
+        tmp_path_factory.mktemp(dtype),
+        dtype=getattr(torch, dtype),
+        stacked=dtype == "bfloat16",
+        moe_intermediate_size=WIDTH,
+    )
+    return path, KINDS[dtype]
+
+
+@needs_kernel
+@pytest.mark.parametrize("policy", ["sync", "runahead"])
+def test_half_width_experts_stay_as_stored_and_give_transformers_tokens(
+    half_model: tuple[Path, str], policy: str
+) -> None:
+    path, kind = half_model
+    backend = TorchBackend.open(str(path), cache_slots=6, dtype="float32")
+    try:
+        layers = backend.model.config.num_layers
+        assert backend.slots.data.dtype == torch.uint8
+        assert backend.slots.data.shape[1] == 3 * HIDDEN * WIDTH * 2  # two bytes a weight, not four
+        assert {backend.model._stored_kind(layer) for layer in range(layers)} == {kind}
+    finally:
+        backend.close()
+    found = compare_with_transformers(path, policy=policy, slots=6)
+    assert found["tokens_equal"], found
+    assert found["logit_error"] < 1e-4, found
+
+
+@needs_kernel
+def test_experts_with_more_rows_than_the_kernel_takes_are_widened_and_agree(
+    half_model: tuple[Path, str], monkeypatch: Any
+) -> None:
+    path, _ = half_model
+    monkeypatch.setattr(qkernel, "max_rows", lambda: 1)  # every expert with 2+ rows: widened, torch's product
+    found = compare_with_transformers(path, policy="sync", slots=6, chunk=4)
+    assert found["tokens_equal"], found
+    assert found["logit_error"] < 1e-4, found
+
+
+def test_stored_slots_hold_the_files_bytes(half_model: tuple[Path, str]) -> None:
+    path, kind = half_model
+    _, layout = load_model(path)
+    stored = kept_as_stored(layout)
+    assert stored is not None and stored.stored
+    assert {r.role for r in stored.ranges[1, 3]} == {"gate", "up", "down"}  # a fused gate_up split in two
+    assert [p.kind for p in stored.slot_format(0).parts] == [kind] * 3
+    half = {"BF16": torch.bfloat16, "F16": torch.float16}[kind]
+    for layer, expert in ((0, 0), (1, 3), (2, 7)):
+        widened = load_reference_slot(layout, layer, expert, dtype=half)  # the compute-dtype layout's slot
+        assert torch.equal(load_reference_slot(stored, layer, expert), widened.view(torch.uint8))
+
+
+@needs_kernel
+def test_expert_slots_compute_widens_and_stored_names_what_it_cannot_apply_to(
+    half_model: tuple[Path, str], tmp_path: Path, monkeypatch: Any
+) -> None:
+    path, _ = half_model
+    backend = TorchBackend.open(str(path), cache_slots=4, dtype="float32", expert_slots="compute")
+    try:
+        assert backend.slots.data.dtype == torch.float32 and backend.model.slot_formats is None
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="bfloat16 on cpu"):
+        TorchBackend.open(str(path), cache_slots=4, dtype="bfloat16", expert_slots="stored")
+    full = build_tiny_model("qwen3_moe", tmp_path / "f32", moe_intermediate_size=WIDTH)
+    with pytest.raises(ValueError, match="experts are F32"):
+        TorchBackend.open(str(full), cache_slots=4, dtype="float32", expert_slots="stored")
+    odd = build_tiny_model("qwen3_moe", tmp_path / "odd", dtype=torch.bfloat16)  # experts 24 wide
+    with pytest.raises(ValueError, match="32-weight blocks"):
+        TorchBackend.open(str(odd), cache_slots=4, dtype="float32", expert_slots="stored")
+    gguf, _ = build_tiny_gguf("qwen3_moe", tmp_path / "gguf", "Q8_0")
+    with pytest.raises(ValueError, match="GGUF"):
+        TorchBackend.open(str(gguf), cache_slots=4, expert_slots="compute")
+    with pytest.raises(ValueError, match="auto, stored or compute"):
+        TorchBackend.open(str(path), cache_slots=4, expert_slots="half")  # type: ignore[arg-type]
+    monkeypatch.setenv("RUNAHEAD_QUANT_KERNEL", "off")
+    qkernel._library.cache_clear()
+    try:  # with the kernel off, auto widens as before
+        backend = TorchBackend.open(str(path), cache_slots=4, dtype="float32")
+        try:
+            assert backend.slots.data.dtype == torch.float32
+        finally:
+            backend.close()
+    finally:
+        monkeypatch.delenv("RUNAHEAD_QUANT_KERNEL")
+        qkernel._library.cache_clear()
