@@ -52,6 +52,10 @@ def test_half_width_experts_stay_as_stored_and_give_transformers_tokens(
         assert backend.slots.data.dtype == torch.uint8
         assert backend.slots.data.shape[1] == 3 * HIDDEN * WIDTH * 2  # two bytes a weight, not four
         assert {backend.model._stored_kind(layer) for layer in range(layers)} == {kind}
+        half = {"BF16": torch.bfloat16, "F16": torch.float16}[kind]
+        weights = backend.model.weights  # the projections and the LM head as stored too
+        assert weights["0.q_proj"].dtype == weights["lm_head"].dtype == half
+        assert weights["embed"].dtype == weights["0.input_norm"].dtype == torch.float32
     finally:
         backend.close()
     found = compare_with_transformers(path, policy=policy, slots=6)
@@ -117,3 +121,24 @@ def test_expert_slots_compute_widens_and_stored_names_what_it_cannot_apply_to(
     finally:
         monkeypatch.delenv("RUNAHEAD_QUANT_KERNEL")
         qkernel._library.cache_clear()
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch", ["qwen3_5_moe", "gemma4"])
+def test_the_papers_architectures_in_bfloat16_give_transformers_tokens(arch: str, tmp_path: Path) -> None:
+    """Qwen3.6 (linear attention's projections too) and Gemma 4 (softcapped head, dense MLP beside
+    the experts), saved in bfloat16: experts, projections and head kept as stored."""
+    widths = {"hidden_size": 64} if arch == "gemma4" else {}
+    path = build_tiny_model(arch, tmp_path, dtype=torch.bfloat16, moe_intermediate_size=WIDTH, **widths)
+    backend = TorchBackend.open(str(path), cache_slots=6, dtype="float32")
+    try:
+        kept = {k for k, w in backend.model.weights.items() if w.dtype == torch.bfloat16}
+        assert backend.slots.data.dtype == torch.uint8 and "lm_head" in kept
+        if arch == "qwen3_5_moe":
+            assert {"0.in_proj_qkv", "0.in_proj_z", "1.q_gate"} <= kept  # out_proj: rows of 48, kept wide
+    finally:
+        backend.close()
+    for policy in ("sync", "runahead"):
+        found = compare_with_transformers(path, policy=policy, slots=6)
+        assert found["tokens_equal"], (policy, found)
+        assert found["logit_error"] < 1e-4, (policy, found)

@@ -133,6 +133,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         from runahead.models import load_model
         from runahead.models.loader import model_config
         from runahead.store import SlotPool, make_store
+        from runahead.store.base import DTYPES as STORE_DTYPES
 
         if (cache_slots is None) == (cache_fraction is None):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
@@ -151,6 +152,8 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         if stored is not None and not layout.stored:
             layout = stored
             model.keep_stored(layout)
+            half = STORE_DTYPES[stored.slot_format(0).parts[0].kind]
+            model.keep_dense_half(half)  # the projections and LM head as the file stores them too
         if cache_slots is None:
             assert cache_fraction is not None
             config = model.config

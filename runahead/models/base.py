@@ -67,6 +67,12 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+DENSE_ROLES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "q_gate", "lm_head", "in_proj_qkv", "in_proj_z", "out_proj"}
+)
+"""Resident matrices read only through :meth:`MoEModel.dense` (so they may be kept half-width)."""
+
+
 class MoEModel(ModelDescription):
     """A MoE decoder split into the runtime's jobs; routed experts come from cache slots.
 
@@ -97,6 +103,48 @@ class MoEModel(ModelDescription):
         self._scratch: dict[torch.device, Tensor] = {}
         self._stored_kinds: dict[int, str | None] = {}
 
+    def dense(self, x: Tensor, key: str, bias: Tensor | None = None) -> Tensor:
+        """``F.linear(x, weights[key], bias)`` for a resident matrix: the projections and the LM head.
+
+        A matrix kept half-width (:meth:`keep_dense_half`) is multiplied as stored by the CPU kernel
+        (float32 rows, at most :func:`~runahead.models.qkernel.max_rows` of them), else widened for
+        the call (a prefill chunk's rows): the same products, summed in another order.
+        """
+        w = self.weights[key]
+        if w.dtype == x.dtype:
+            return F.linear(x, w, bias)
+        from runahead.models.qkernel import HALF_KINDS, grouped_product, max_rows
+
+        if x.dim() == 2 and x.shape[0] <= max_rows():
+            y = grouped_product(x, [w.data_ptr()], [(0, x.shape[0])], HALF_KINDS[w.dtype], w.shape[0])
+            return y if bias is None else y + bias
+        return F.linear(x, w.to(x.dtype), bias)
+
+    def keep_dense_half(self, dtype: torch.dtype) -> int:
+        """Keep the projections and the LM head (:data:`DENSE_ROLES`) in ``dtype`` (bfloat16 or float16)
+        where that loses nothing: each float32 matrix whose every value ``dtype`` holds exactly (a
+        half-width checkpoint's) and whose rows the kernel takes. Returns the bytes saved.
+
+        For float32 compute on the CPU with the kernel (``TorchBackend.open`` calls it with the experts
+        kept as stored): half the bytes every group reads for its shared weights. A tied LM head stays
+        as the embedding is (its rows are looked up, not multiplied).
+        """
+        from runahead.models import qkernel
+
+        saved = 0
+        for key, w in list(self.weights.items()):
+            if key.rpartition(".")[2] not in DENSE_ROLES or w.dim() != 2 or w.dtype != torch.float32:
+                continue
+            if w.device.type != "cpu" or w is self.weights.get("embed"):
+                continue
+            if not qkernel.multiplies(qkernel.HALF_KINDS[dtype], [w.shape[1]]):
+                continue
+            half = w.to(dtype)
+            if torch.equal(half.to(w.dtype), w):
+                self.weights[key] = half
+                saved += w.numel() * (w.element_size() - half.element_size())
+        return saved
+
     def keep_stored(self, layout: ExpertLayout) -> None:
         """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:
         GGUF's types, or a half-width safetensors checkpoint's:
@@ -107,9 +155,9 @@ class MoEModel(ModelDescription):
     def project_qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v ``[T, heads, head_dim]`` of the normed rows ``x``, before RoPE (q/k norm, clipping)."""
         c, w, p = self.config, self.weights, f"{layer}."
-        q = F.linear(x, w[p + "q_proj"], w.get(p + "q_proj.bias"))
-        k = F.linear(x, w[p + "k_proj"], w.get(p + "k_proj.bias"))
-        v = F.linear(x, w[p + "v_proj"], w.get(p + "v_proj.bias"))
+        q = self.dense(x, p + "q_proj", w.get(p + "q_proj.bias"))
+        k = self.dense(x, p + "k_proj", w.get(p + "k_proj.bias"))
+        v = self.dense(x, p + "v_proj", w.get(p + "v_proj.bias"))
         if c.qk_norm == "full":
             q, k = self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm")
         if c.clip_qkv is not None:
@@ -217,7 +265,7 @@ class MoEModel(ModelDescription):
     def attention_output(self, layer: int, x: Tensor, attn: Tensor) -> Tensor:
         """Output projection of the heads' outputs ``attn [T, heads * head_dim]`` (``x``: normed input)."""
         w = self.weights
-        return F.linear(attn, w[f"{layer}.o_proj"], w.get(f"{layer}.o_proj.bias"))
+        return self.dense(attn, f"{layer}.o_proj", w.get(f"{layer}.o_proj.bias"))
 
     @torch.no_grad()
     def route(self, layer: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
@@ -402,7 +450,7 @@ class MoEModel(ModelDescription):
     def logits(self, hidden: Tensor) -> Tensor:
         """Final norm and LM head: logits ``[T, vocab]`` (the end of a token's last job)."""
         x = self.norm(hidden, "norm")
-        return F.linear(x, self.weights["lm_head"])
+        return self.dense(x, "lm_head")
 
     def rope_frequencies(self, layer: int) -> Tensor:
         """RoPE inverse frequencies of ``layer`` (one per rotated pair of dims; zeros leave a pair as is)."""

@@ -258,9 +258,9 @@ class Gemma4Model(Gemma4Description, MoEModel):
         """q, k, v heads: normed q and k, weightless-normed v (taken from k's projection if K = V)."""
         w, p, eps = self.weights, f"{layer}.", self.config.rms_norm_eps
         _, hd = self.heads(self.config, layer)
-        q = F.linear(x, w[p + "q_proj"]).view(x.shape[0], -1, hd)
-        k = F.linear(x, w[p + "k_proj"]).view(x.shape[0], -1, hd)
-        v = F.linear(x, w[p + "v_proj"]).view(x.shape[0], -1, hd) if p + "v_proj" in w else k
+        q = self.dense(x, p + "q_proj").view(x.shape[0], -1, hd)
+        k = self.dense(x, p + "k_proj").view(x.shape[0], -1, hd)
+        v = self.dense(x, p + "v_proj").view(x.shape[0], -1, hd) if p + "v_proj" in w else k
         return self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm"), _normed(v, eps).type_as(v)
 
     def attend(self, layer: int, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -277,7 +277,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
 
     def attention_output(self, layer: int, x: Tensor, attn: Tensor) -> Tensor:
         """``post_attention_norm(o_proj(attn))``."""
-        return self.norm(F.linear(attn, self.weights[f"{layer}.o_proj"]), f"{layer}.post_attn_norm")
+        return self.norm(self.dense(attn, f"{layer}.o_proj"), f"{layer}.post_attn_norm")
 
     @torch.no_grad()
     def route(self, layer: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
@@ -309,7 +309,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
     @torch.no_grad()
     def logits(self, hidden: Tensor) -> Tensor:
         """Final norm, LM head, then ``cap * tanh(logits / cap)``."""
-        logits = F.linear(self.norm(hidden, "norm"), self.weights["lm_head"])
+        logits = self.dense(self.norm(hidden, "norm"), "lm_head")
         cap = self.config.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

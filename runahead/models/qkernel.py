@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 KINDS = {"Q4_0": 0, "Q8_0": 1, "BF16": 2, "F16": 3}
 """Stored types the kernel multiplies (its ``kind`` codes)."""
 
+HALF_KINDS = {torch.bfloat16: "BF16", torch.float16: "F16"}
+"""The kernel's kind for a half-width torch dtype."""
+
 BLOCK = 32
 """Weights per block: the kernel multiplies rows whose length is a whole number of them (Q4_0 and
 Q8_0 rows always are; a bfloat16 or float16 matrix's rows must be too)."""

@@ -185,23 +185,23 @@ class Qwen3_5MoeModel(Qwen3_5MoeDescription, MoEModel):
 
     def project_qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v heads of a full-attention layer with per-head (1 + w) RMSNorm on q and k."""
-        c, w, p = self.config, self.weights, f"{layer}."
-        q = F.linear(x, w[p + "q_proj"]).view(x.shape[0], -1, c.head_dim)
-        k = F.linear(x, w[p + "k_proj"]).view(x.shape[0], -1, c.head_dim)
-        v = F.linear(x, w[p + "v_proj"]).view(x.shape[0], -1, c.head_dim)
+        c, p = self.config, f"{layer}."
+        q = self.dense(x, p + "q_proj").view(x.shape[0], -1, c.head_dim)
+        k = self.dense(x, p + "k_proj").view(x.shape[0], -1, c.head_dim)
+        v = self.dense(x, p + "v_proj").view(x.shape[0], -1, c.head_dim)
         return self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm"), v
 
     def attention_output(self, layer: int, x: Tensor, attn: Tensor) -> Tensor:
         """``o_proj(attn * sigmoid(gate))``: the output gate comes from ``q_proj``'s gate rows."""
-        w, p = self.weights, f"{layer}."
-        return F.linear(attn * torch.sigmoid(F.linear(x, w[p + "q_gate"])), w[p + "o_proj"])
+        p = f"{layer}."
+        return self.dense(attn * torch.sigmoid(self.dense(x, p + "q_gate")), p + "o_proj")
 
     def linear_attention(self, layer: int, x: Tensor, segments: Sequence[Segment]) -> Tensor:
         """Gated DeltaNet over each run, continuing (and advancing) its request's recurrent state."""
         la, w, p = self.config.linear_attention, self.weights, f"{layer}."
         assert la is not None
-        mixed = F.linear(x, w[p + "in_proj_qkv"])
-        z = F.linear(x, w[p + "in_proj_z"])
+        mixed = self.dense(x, p + "in_proj_qkv")
+        z = self.dense(x, p + "in_proj_z")
         beta = torch.sigmoid(F.linear(x, w[p + "in_proj_b"])).float()
         a = F.linear(x, w[p + "in_proj_a"]).float()
         decay = -w[p + "A_log"].float().exp() * F.softplus(a + w[p + "dt_bias"])
@@ -242,7 +242,7 @@ class Qwen3_5MoeModel(Qwen3_5MoeDescription, MoEModel):
         out = _gated_rms_norm(
             out, z.reshape(-1, la.value_dim), w[p + "linear_norm"], self.config.rms_norm_eps
         )
-        return F.linear(out.reshape(x.shape[0], -1), w[p + "out_proj"])
+        return self.dense(out.reshape(x.shape[0], -1), p + "out_proj")
 
 
 def _causal_conv(rows: Tensor, state: RecurrentLayer, weight: Tensor) -> Tensor:
