@@ -165,3 +165,24 @@ def test_auto_dtype_computes_a_gguf_in_float32_where_the_kernel_runs(tmp_path: P
         assert backend.compute_dtype == "float32"
     finally:
         backend.close()
+
+
+@needs_kernel
+@pytest.mark.parametrize("build", BUILDS)
+def test_a_product_big_enough_for_helper_threads_gives_the_one_thread_result(build: str | None) -> None:
+    """Helpers start only per 4 MB of weights read (small products stay on the caller's thread): a
+    6 MB bf16 matrix split over two threads gives the one-thread result bit for bit."""
+    weights = torch.randn(3072, 1024).to(torch.bfloat16)
+    x = torch.randn(3, 1024)
+    data = weights.view(torch.uint8).reshape(-1)
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(qkernel.grouped_product(x, [data.data_ptr()], [(0, 3)], "BF16", 3072, build=build))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(results[0], results[1])
+    want = x.double() @ weights.double().T
+    assert ((results[1].double() - want).abs() <= 4e-6 * (x.double().abs() @ weights.double().abs().T)).all()

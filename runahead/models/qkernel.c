@@ -10,7 +10,8 @@
  *
  * One call runs a whole group: segment s multiplies rows [starts[s], stops[s]) of x by the matrix at
  * address weights[s]. Work is split into (segment, 32 outputs) units taken from a shared counter by
- * `threads` threads (the caller's and threads - 1 started here).
+ * up to `threads` threads (the caller's and up to threads - 1 started here, one per THREAD_BYTES of
+ * weights read: a small product runs on the caller's thread alone).
  *
  * Two bodies of `product`, one contract: with -mavx2 -mfma -mf16c (the loader passes them only on a CPU with
  * all three) the AVX2 intrinsics below; otherwise portable C written so that the compiler vectorizes it for
@@ -25,6 +26,7 @@
 #define CHUNK 32 /* outputs per unit of work */
 
 static const int64_t BLOCK_BYTES[4] = {18, 34, 64, 64}; /* bytes per 32 weights, by kind */
+#define THREAD_BYTES (4 << 20)                                  /* weights read per thread started */
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -217,6 +219,12 @@ int runahead_grouped_product(int kind, const float *x, float *y, int64_t n, int6
     if (kind < 0 || kind > 3 || k % 32 || n <= 0 || segments < 0) return -1;
     work_t job = {kind, x, y, n, k, segments, (n + CHUNK - 1) / CHUNK, 0, weights, starts, stops, 0};
     job.units = job.segments * job.units_per_segment;
+    /* A helper thread costs tens to hundreds of microseconds to start (more where an idle vCPU must be
+     * woken): start one only per THREAD_BYTES of weights to read (rows past 8 read them again). */
+    int64_t bytes = 0;
+    for (int64_t s = 0; s < segments; s++)
+        bytes += n * (k / 32) * BLOCK_BYTES[kind] * ((stops[s] - starts[s] + ROWS - 1) / ROWS);
+    if (threads > 1 + bytes / THREAD_BYTES) threads = (int)(1 + bytes / THREAD_BYTES);
     pthread_t helpers[64];
     int started = 0;
     for (; started < threads - 1 && started < 64 && started + 1 < job.units; started++)
