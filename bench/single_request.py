@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from runahead.medium import medium_model
-from runahead.torchbench import TorchPoint, run_torch_point, warm_resident
+from runahead.torchbench import TorchPoint, run_torch_point, slot_dtype, warm_resident
 
 STEPS = 32
 WARMUP = 4
@@ -123,7 +123,7 @@ def same_process(path: str, dtype: str, peer: str, rounds: int, slots: list[str]
             backend.close()
     result: dict[str, Any] = {
         "compute_dtype": {name: b.compute_dtype for name, b in backends.items()},
-        "slot_dtype": {name: str(b.slots.data.dtype).removeprefix("torch.") for name, b in backends.items()},
+        "slot_dtype": {name: slot_dtype(b) for name, b in backends.items()},
         "peer_dtype": peer,
         "threads": torch.get_num_threads(),
         "rounds": rounds,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runahead import cli_args as a
+from runahead.models.layout import EXPERT_SLOTS
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 """Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA; on CPU the faster of
@@ -179,7 +180,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--expert-slots",
         default="auto",
-        choices=["auto", "stored", "compute"],
+        choices=EXPERT_SLOTS,
         help="torch: a bfloat16/float16 checkpoint's experts in the cache as stored (multiplied as stored "
         "by the CPU kernel; float32 compute on CPU) or widened to the compute dtype; auto: stored where "
         "that applies",

@@ -19,6 +19,7 @@ from typing import Any
 from runahead import loops
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import host_cpu, summarize
+from runahead.models.layout import EXPERT_SLOTS
 from runahead.policy import check_concurrency
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
@@ -55,8 +56,9 @@ class TorchPoint:
         if not 0 < self.cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {self.cache_fraction}")
         check_concurrency(self.policy, self.concurrency)
-        if self.expert_slots not in ("auto", "stored", "compute"):
-            raise ValueError(f"expert slots must be auto, stored or compute, got {self.expert_slots!r}")
+        if self.expert_slots not in EXPERT_SLOTS:
+            choices = f"{', '.join(EXPERT_SLOTS[:-1])} or {EXPERT_SLOTS[-1]}"
+            raise ValueError(f"expert slots must be {choices}, got {self.expert_slots!r}")
         if self.backend != "torch" and self.expert_slots != "auto":
             raise ValueError("expert slots are chosen on the torch backend only")
 
@@ -156,7 +158,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         **asdict(point),
         "backend": point.backend,
         "compute_dtype": backend.compute_dtype,
-        "slot_dtype": _slot_dtype(backend),
+        "slot_dtype": slot_dtype(backend),
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),
@@ -172,9 +174,9 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
     }
 
 
-def _slot_dtype(backend: Any) -> str:
+def slot_dtype(backend: Any) -> str:
     """What a cache slot holds: a dtype, or a stored layout's expert types (``BF16``, ``Q4_0``)."""
     formats = getattr(backend.model, "slot_formats", None)
     if formats:
         return "/".join(sorted({part.kind for fmt in formats.values() for part in fmt.parts}))
-    return getattr(backend, "compute_dtype", "unknown")
+    return str(backend.compute_dtype)

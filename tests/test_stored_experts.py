@@ -18,6 +18,7 @@ from runahead.backends.torch import TorchBackend
 from runahead.models import qkernel
 from runahead.models.layout import kept_as_stored
 from runahead.models.loader import load_model, load_reference_slot
+from runahead.store.base import DTYPES
 
 from modelhelpers import HIDDEN, build_tiny_model, compare_with_transformers
 
@@ -52,7 +53,7 @@ def test_half_width_experts_stay_as_stored_and_give_transformers_tokens(
         assert backend.slots.data.dtype == torch.uint8
         assert backend.slots.data.shape[1] == 3 * HIDDEN * WIDTH * 2  # two bytes a weight, not four
         assert {backend.model._stored_kind(layer) for layer in range(layers)} == {kind}
-        half = {"BF16": torch.bfloat16, "F16": torch.float16}[kind]
+        half = DTYPES[kind]
         weights = backend.model.weights  # the projections and the LM head as stored too
         assert weights["0.q_proj"].dtype == weights["lm_head"].dtype == half
         assert weights["embed"].dtype == weights["0.input_norm"].dtype == torch.float32
@@ -81,7 +82,7 @@ def test_stored_slots_hold_the_files_bytes(half_model: tuple[Path, str]) -> None
     assert stored is not None and stored.stored
     assert {r.role for r in stored.ranges[1, 3]} == {"gate", "up", "down"}  # a fused gate_up split in two
     assert [p.kind for p in stored.slot_format(0).parts] == [kind] * 3
-    half = {"BF16": torch.bfloat16, "F16": torch.float16}[kind]
+    half = DTYPES[kind]
     for layer, expert in ((0, 0), (1, 3), (2, 7)):
         widened = load_reference_slot(layout, layer, expert, dtype=half)  # the compute-dtype layout's slot
         assert torch.equal(load_reference_slot(stored, layer, expert), widened.view(torch.uint8))

@@ -468,10 +468,11 @@ def _stored_slots(
     cannot apply, naming why; ``compute`` refuses a GGUF (its experts have no other form here).
     """
     from runahead.models import qkernel
-    from runahead.models.layout import HALF_WIDTH, kept_as_stored
+    from runahead.models.layout import EXPERT_SLOTS, HALF_WIDTH, kept_as_stored
 
-    if mode not in ("auto", "stored", "compute"):
-        raise ValueError(f"expert_slots must be auto, stored or compute, not {mode!r}")
+    if mode not in EXPERT_SLOTS:
+        choices = f"{', '.join(EXPERT_SLOTS[:-1])} or {EXPERT_SLOTS[-1]}"
+        raise ValueError(f"expert_slots must be {choices}, not {mode!r}")
     if layout.stored:
         if mode == "compute":
             raise ValueError(

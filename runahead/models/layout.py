@@ -207,6 +207,10 @@ class ExpertLayout:
         }
 
 
+EXPERT_SLOTS = ("auto", "stored", "compute")
+"""How the torch backend's cache may hold a safetensors checkpoint's experts (``TorchBackend.open``'s
+``expert_slots``): as stored where that applies, as stored or refuse, or widened to the compute dtype."""
+
 HALF_WIDTH = ("BF16", "F16")
 """File types a safetensors checkpoint's experts may keep in stored slots (:func:`kept_as_stored`)."""
 

@@ -5,8 +5,9 @@
  * widened to float32, q the block's integer: nibble - 8 for Q4_0, int8 for Q8_0; the product is exact in
  * float32), or the bfloat16 / float16 weight widened to float32 (exact). A half-width matrix is read as
  * 32-weight "blocks" of 64 bytes with no scale. Each weight is formed in registers and used for up to 8
- * rows at once, so no float32 copy of a matrix is ever written. Each output sums its 32-weight blocks in order, eight lanes at a time, then adds
- * the lanes: the same order whatever the other rows, so a row's result does not depend on its batch.
+ * rows at once, so no float32 copy of a matrix is ever written. Each output sums its 32-weight blocks in
+ * order, eight lanes at a time, then adds the lanes: the same order whatever the other rows, so a row's
+ * result does not depend on its batch.
  *
  * One call runs a whole group: segment s multiplies rows [starts[s], stops[s]) of x by the matrix at
  * address weights[s]. Work is split into (segment, 32 outputs) units taken from a shared counter by
