@@ -298,6 +298,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             backend=args.backend,
             expert_slots=args.expert_slots,
+            link_gbps=args.link_gbps,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

@@ -63,9 +63,12 @@ def number(low: float, high: float | None = None, *, open_low: bool = False) -> 
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if value < low or (open_low and value == low) or (high is not None and value > high):
             left = "(" if open_low else "["
-            bound = f">= {low}" if high is None and not open_low else f"in {left}{low}, {high}]"
+            below = f"> {low}" if open_low else f">= {low}"
+            bound = below if high is None else f"in {left}{low}, {high}]"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
@@ -74,6 +77,9 @@ def number(low: float, high: float | None = None, *, open_low: bool = False) -> 
 
 FRACTION = number(0.0, 1.0, open_low=True)
 """A cache fraction: in (0, 1]."""
+
+POSITIVE = number(0.0, open_low=True)
+"""A positive finite number (a bandwidth)."""
 
 
 def listed(kind: Callable[[str], T]) -> Callable[[str], list[T]]:

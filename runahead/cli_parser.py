@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--request-timeout",
-        type=a.number(0.0, open_low=True),
+        type=a.POSITIVE,
         default=None,
         help="seconds a request may run before it is cancelled with 504 (default: no limit)",
     )
@@ -184,6 +184,13 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         help="torch: a bfloat16/float16 checkpoint's experts in the cache as stored (multiplied as stored "
         "by the CPU kernel; float32 compute on CPU) or widened to the compute dtype; auto: stored where "
         "that applies",
+    )
+    bench.add_argument(
+        "--link-gbps",
+        type=a.POSITIVE,
+        default=None,
+        help="torch/mlx: pace expert reads to a serial link of this many GB/s (a steady stand-in for a "
+        "device's link; every byte still read from the store)",
     )
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(

@@ -45,6 +45,7 @@ class TorchPoint:
     dtype: str = "auto"  # compute and cache dtype: float32, bfloat16, float16 or auto (timed at start)
     backend: str = "torch"  # or "mlx" (the same measurement on MLX)
     expert_slots: str = "auto"  # torch: how the cache holds bf16/f16 experts (TorchBackend.open)
+    link_gbps: float | None = None  # reads paced to a link of this many GB/s (store.LinkCap), or not
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -61,6 +62,8 @@ class TorchPoint:
             raise ValueError(f"expert slots must be {choices}, got {self.expert_slots!r}")
         if self.backend != "torch" and self.expert_slots != "auto":
             raise ValueError("expert slots are chosen on the torch backend only")
+        if self.link_gbps is not None and not 0 < self.link_gbps < float("inf"):
+            raise ValueError(f"link cap must be a positive number of GB/s, got {self.link_gbps}")
 
 
 BUILT_MODELS = ("small", "medium")
@@ -108,6 +111,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         store=point.store,
         queue_depth=point.queue_depth,
         dtype=point.dtype,
+        link_bandwidth=None if point.link_gbps is None else point.link_gbps * 1e9,
         **({"expert_slots": point.expert_slots} if point.backend == "torch" else {}),
     )
     config = backend.model.config

@@ -66,6 +66,9 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["bench", "--policy", "fastest"], "unknown policy 'fastest'"),
         (["bench", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
         (["bench", "--step-barrier", "maybe"], "expected on, off or on,off"),
+        (["bench", "--link-gbps", "0"], "argument --link-gbps: must be > 0.0, got 0.0"),
+        (["bench", "--link-gbps", "inf"], "argument --link-gbps: expected a finite number, got 'inf'"),
+        (["generate", "m", "--prompt", "x", "--temperature", "nan"], "expected a finite number, got 'nan'"),
         (
             ["bench", "--policy", "runahead/grouping=static:2:2:2", "--concurrency", "4", "--steps", "1"],
             "its static groups hold 6 requests, which does not divide concurrency 4",

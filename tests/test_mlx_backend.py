@@ -86,6 +86,22 @@ def test_host_store_and_whole_prompts(folders: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("folders", ["qwen3_moe"], indirect=True)  # one is enough
+@pytest.mark.parametrize("store", ["disk", "host"])
+def test_a_capped_link_paces_every_fetch_and_changes_no_token(folders: dict[str, Any], store: str) -> None:
+    bandwidth = 20e6  # bytes per second: well below this machine's disk and memory
+    backend = MLXBackend.open(
+        str(folders["q4"]), cache_slots=SLOTS, store=store, device="cpu", link_bandwidth=bandwidth
+    )
+    nbytes = {key: sum(p.nbytes for p in pieces) for key, pieces in backend.checkpoint.experts.items()}
+    tokens, runtime = run_requests(backend, "runahead", PROMPTS, TOKENS, slots=SLOTS)
+    assert [tokens[i] for i in range(len(PROMPTS))] == folders["expected"]["q4"]
+    reads = runtime.recorder.fetches
+    assert len(reads) > SLOTS
+    for read in reads:  # the host store's bytes are in memory already: the link still takes its time
+        assert read.end - read.start >= nbytes[read.key.layer, read.key.expert] / bandwidth - 1e-6
+
+
+@pytest.mark.parametrize("folders", ["qwen3_moe"], indirect=True)  # one is enough
 def test_cancellation_through_the_engine_leaves_the_others_exact(folders: dict[str, Any]) -> None:
     expected = folders["expected"]["q4"]
 

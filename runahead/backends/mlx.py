@@ -127,6 +127,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         store: str = "disk",
         queue_depth: int = 2,
         dtype: str = "auto",
+        link_bandwidth: float | None = None,
         **options: Any,
     ) -> MLXBackend:
         """Load the Hugging Face or mlx-lm folder ``path`` and build a backend with cache slots.
@@ -134,7 +135,9 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         The cache has ``cache_slots`` slots, or ``cache_fraction`` of all routed experts (at least
         one job's top-k). ``store``: ``disk`` (O_DIRECT reads of the model's files) or ``host``
         (every expert read into host memory once). ``device``: ``auto``, ``cpu`` or ``gpu``;
-        ``dtype``: see :func:`resolve_dtype`. ``options`` go to the constructor.
+        ``dtype``: see :func:`resolve_dtype`. ``link_bandwidth`` (bytes per second): every fetch takes
+        at least as long as its bytes take over a serial link of that rate
+        (:class:`runahead.store.LinkCap`). ``options`` go to the constructor.
         """
         if (cache_slots is None) == (cache_fraction is None):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
@@ -153,7 +156,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
             cache_slots = max(config.top_k, round(cache_fraction * config.num_layers * config.num_experts))
         float_dtype = kind or next(a.dtype for k, a in checkpoint.weights.items() if k == "norm")
         pools = SlotPools(checkpoint, cache_slots, float_dtype)
-        reader = ExpertReader(checkpoint.experts, queue_depth=queue_depth)
+        reader = ExpertReader(checkpoint.experts, queue_depth=queue_depth, link_bandwidth=link_bandwidth)
         host: dict[tuple[int, int], dict[str, np.ndarray]] | None = None
         if store == "host":
             host = {key: {} for key in checkpoint.experts}
@@ -187,6 +190,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
     async def fetch(self, key: ExpertKey, slot: int) -> None:
         self._owners.claim(key, slot)
         if self.host_experts is not None:
+            await self.store.carry(key.layer, key.expert)
             tensors = self.host_experts[key.layer, key.expert]
         else:
             tensors = await self.store.read(key.layer, key.expert)

@@ -113,6 +113,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         queue_depth: int = 2,
         dtype: torch.dtype | str = torch.float32,
         expert_slots: Literal["auto", "stored", "compute"] = "auto",
+        link_bandwidth: float | None = None,
         **options: Any,
     ) -> TorchBackend:
         """Load the Hugging Face folder (or ``.gguf`` file) ``path`` and build a backend with cache slots.
@@ -128,7 +129,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         compute dtype (widened on the way in), ``stored`` as the file stores them (bfloat16 or
         float16, half the bytes of float32, multiplied as stored by the CPU kernel: float32 compute
         on CPU only), ``auto`` stored wherever that applies (:func:`_stored_slots`). A GGUF's experts
-        are always kept as stored. ``options`` go to the constructor.
+        are always kept as stored. ``link_bandwidth`` (bytes per second): the store's reads are paced
+        to a serial link of that rate (:class:`runahead.store.LinkCap`), a steady stand-in for a
+        device's link. ``options`` go to the constructor.
         """
         from runahead.models import load_model
         from runahead.models.loader import model_config
@@ -159,7 +162,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             config = model.config
             cache_slots = max(config.top_k, round(cache_fraction * config.num_layers * config.num_experts))
         slots = SlotPool.for_layout(cache_slots, layout, dtype=dtype, device=device)
-        expert_store = make_store(store, layout, queue_depth=queue_depth, dtype=dtype)
+        expert_store = make_store(
+            store, layout, queue_depth=queue_depth, dtype=dtype, link_bandwidth=link_bandwidth
+        )
         return cls(model, expert_store, slots, **options)
 
     @property

@@ -26,6 +26,7 @@ from runahead.store.base import (
     DTYPES,
     MEMORY_FILESYSTEMS,
     ExpertStore,
+    LinkCap,
     SlotPool,
     StoreClosed,
     StoreError,
@@ -42,6 +43,7 @@ __all__ = [
     "DiskStore",
     "ExpertStore",
     "HostStore",
+    "LinkCap",
     "SlotPool",
     "StoreClosed",
     "StoreError",
@@ -59,12 +61,16 @@ def make_store(
     direct: bool = True,
     dtype: torch.dtype = torch.float32,
     pin_memory: bool | None = None,
+    link_bandwidth: float | None = None,
 ) -> DiskStore | HostStore:
     """Build the expert store named ``kind``: ``"disk"`` (:class:`DiskStore`, uses ``direct``) or
-    ``"host"`` (:class:`HostStore`, uses ``dtype`` and ``pin_memory``). Called by the backend when it
+    ``"host"`` (:class:`HostStore`, uses ``dtype`` and ``pin_memory``); ``link_bandwidth`` (bytes per
+    second) paces either to a link of that rate (:class:`LinkCap`). Called by the backend when it
     opens a model."""
     if kind == "disk":
-        return DiskStore(layout, queue_depth=queue_depth, direct=direct)
+        return DiskStore(layout, queue_depth=queue_depth, direct=direct, link_bandwidth=link_bandwidth)
     if kind == "host":
-        return HostStore(layout, dtype=dtype, pin_memory=pin_memory, queue_depth=queue_depth)
+        return HostStore(
+            layout, dtype=dtype, pin_memory=pin_memory, queue_depth=queue_depth, link_bandwidth=link_bandwidth
+        )
     raise ValueError(f"unknown expert store {kind!r}; expected 'disk' or 'host'")

@@ -243,28 +243,60 @@ def _check_slot(layout: ExpertLayout, slot: torch.Tensor) -> torch.Tensor:
 # Reading byte ranges
 
 
-class _Executor:
-    """The store's thread pool of ``queue_depth`` workers, shared by both stores."""
+class LinkCap:
+    """A serial link of ``bandwidth`` bytes per second that every read of a store crosses.
 
-    def __init__(self, queue_depth: int, name: str) -> None:
+    A read of ``nbytes`` occupies the link for ``nbytes / bandwidth`` seconds, after the reads
+    reserved before it (a link moves one transfer at a time, in the order they start), and it
+    completes no earlier than its transfer ends, however fast the store itself was. So a store read
+    from a fast disk or host memory behaves like one behind a slower link (a device's NVMe or PCIe
+    link; a steady yardstick where this machine's disk moves between minutes) while every byte
+    still goes through the real read path. Pure arithmetic: the caller passes the time.
+    """
+
+    def __init__(self, bandwidth: float) -> None:
+        if not math.isfinite(bandwidth) or bandwidth <= 0:
+            raise ValueError(f"link bandwidth must be a positive number of bytes per second, got {bandwidth}")
+        self.bandwidth = float(bandwidth)
+        self._free_at = -math.inf
+
+    def reserve(self, nbytes: int, now: float) -> float:
+        """Reserve the link for a read of ``nbytes`` starting at ``now``; return when it may complete."""
+        start = max(now, self._free_at)
+        self._free_at = start + nbytes / self.bandwidth
+        return self._free_at
+
+
+class _Executor:
+    """The store's thread pool of ``queue_depth`` workers, shared by every store, and its link.
+
+    ``link_bandwidth`` (bytes per second, or None for none): every read is paced by a
+    :class:`LinkCap` of that bandwidth, given the bytes it carries (``run(..., carries=n)``).
+    """
+
+    def __init__(self, queue_depth: int, name: str, link_bandwidth: float | None = None) -> None:
         if queue_depth < 1:
             raise ValueError(f"queue_depth must be >= 1, got {queue_depth}")
         self.queue_depth = queue_depth
+        self.link = None if link_bandwidth is None else LinkCap(link_bandwidth)
         self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
             max_workers=queue_depth, thread_name_prefix=name
         )
         self.closing = False
 
-    async def run(self, fn: Callable[..., None], *args: Any) -> None:
+    async def run(self, fn: Callable[..., None], *args: Any, carries: int = 0) -> None:
         """Run ``fn(*args)`` on the pool. If the caller is cancelled, wait for the thread to finish
-        before re-raising, so the slot is no longer being written when the cancellation lands."""
+        before re-raising, so the slot is no longer being written when the cancellation lands.
+        With a link cap, return no earlier than the ``carries`` bytes could cross the link."""
         pool = self.pool
         if pool is None or self.closing:
             raise StoreClosed("expert store is closed")
+        loop = asyncio.get_running_loop()
         try:
-            fut = asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+            fut = loop.run_in_executor(pool, fn, *args)
         except RuntimeError:  # shut down between the check and the submit, from another thread
             raise StoreClosed("expert store is closed") from None
+        done_at = None if self.link is None else self.link.reserve(carries, loop.time())
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -276,12 +308,19 @@ class _Executor:
                 except Exception:
                     break
             raise
+        if done_at is not None and done_at > loop.time():
+            await asyncio.sleep(done_at - loop.time())  # the bytes are in; the link is still carrying them
 
     def shutdown(self) -> None:
         self.closing = True  # refuse new reads at once; the ones in flight finish
         if self.pool is not None:
             self.pool.shutdown(wait=True)
             self.pool = None
+
+
+def _link_note(executor: _Executor) -> str:
+    """``, link capped at X GB/s`` for a store's repr, or nothing."""
+    return "" if executor.link is None else f", link capped at {executor.link.bandwidth / 1e9:g} GB/s"
 
 
 class _CudaCopier:

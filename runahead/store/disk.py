@@ -15,6 +15,7 @@ from runahead.store.base import (
     _check_slot,
     _CudaCopier,
     _Executor,
+    _link_note,
     _plan,
     filesystem_type,
     validate_layout,
@@ -37,7 +38,8 @@ class DiskStore:
     accepts O_DIRECT on recent kernels but is memory all the same.
 
     ``bytes_read`` counts the experts' payload bytes (the ranges' ``nbytes``); ``io_bytes`` the bytes
-    actually read, alignment padding included.
+    actually read, alignment padding included. ``link_bandwidth`` (bytes per second): reads are paced
+    to a serial link of that rate (:class:`~runahead.store.base.LinkCap`), their payload bytes each.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class DiskStore:
         queue_depth: int = 2,
         direct: bool = True,
         alignment: int = ALIGNMENT,
+        link_bandwidth: float | None = None,
     ) -> None:
         validate_layout(layout)
         self.layout = layout
@@ -59,7 +62,7 @@ class DiskStore:
             (r.path for rs in layout.ranges.values() for r in rs), direct, alignment, largest + 2 * alignment
         )
         self._memory_backed = any(filesystem_type(path) in MEMORY_FILESYSTEMS for path in self._files.fds)
-        self._executor = _Executor(queue_depth, "runahead-disk")
+        self._executor = _Executor(queue_depth, "runahead-disk", link_bandwidth)
         self._cuda = _CudaCopier()
         self._registered: set[int] = set()  # read buffers page-locked for DMA
         self._unpinnable: set[int] = set()
@@ -92,7 +95,7 @@ class DiskStore:
         if key not in self._plans:
             raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
         flat = _check_slot(self.layout, slot)
-        await self._executor.run(self._read_blocking, key, flat, after)
+        await self._executor.run(self._read_blocking, key, flat, after, carries=self._payload[key])
         self.bytes_read += self._payload[key]
         self.reads += 1
 
@@ -161,4 +164,5 @@ class DiskStore:
         mode = "O_DIRECT" if self.direct else f"buffered ({self.direct_reason})"
         if self.memory_backed:
             mode += ", memory-backed files"
+        mode += _link_note(self._executor)
         return f"DiskStore({len(self._plans)} experts, queue_depth={self.queue_depth}, {mode})"

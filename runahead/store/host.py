@@ -11,6 +11,7 @@ from runahead.store.base import (
     _check_slot,
     _CudaCopier,
     _Executor,
+    _link_note,
     _plan,
     validate_layout,
 )
@@ -27,7 +28,9 @@ class HostStore:
     asynchronous DMA on a dedicated copy stream; the executor thread waits on an event, never the
     event loop. On CPU the copy is a plain ``copy_`` in the executor thread.
 
-    ``bytes_read`` counts bytes copied out of the host image (the link traffic).
+    ``bytes_read`` counts bytes copied out of the host image (the link traffic); with
+    ``link_bandwidth`` (bytes per second) each copy is paced to a serial link of that rate
+    (:class:`~runahead.store.base.LinkCap`), so host memory can stand in for a slower device link.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class HostStore:
         dtype: torch.dtype = torch.float32,
         pin_memory: bool | None = None,
         queue_depth: int = 2,
+        link_bandwidth: float | None = None,
     ) -> None:
         validate_layout(layout)
         self.layout = layout
@@ -57,7 +61,7 @@ class HostStore:
         finally:
             files.close()
         self._slot_bytes = layout.slot_numel * self.image.element_size()
-        self._executor = _Executor(queue_depth, "runahead-host")
+        self._executor = _Executor(queue_depth, "runahead-host", link_bandwidth)
         self._cuda = _CudaCopier()
         self._closed = False
 
@@ -76,7 +80,7 @@ class HostStore:
         if key not in self._index:
             raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
         flat = _check_slot(self.layout, slot)
-        await self._executor.run(self._copy_blocking, self._index[key], flat, after)
+        await self._executor.run(self._copy_blocking, self._index[key], flat, after, carries=self._slot_bytes)
         self.bytes_read += self._slot_bytes
         self.reads += 1
 
@@ -109,5 +113,5 @@ class HostStore:
     def __repr__(self) -> str:
         return (
             f"HostStore({len(self._index)} experts, {self.nbytes / 2**20:.1f} MiB {self.dtype}, "
-            f"pinned={self.pin_memory}, queue_depth={self.queue_depth})"
+            f"pinned={self.pin_memory}, queue_depth={self.queue_depth}{_link_note(self._executor)})"
         )

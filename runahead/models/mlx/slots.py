@@ -89,7 +89,11 @@ class ExpertReader:
     """Reads one expert's pieces from the checkpoint's files into host buffers, on worker threads."""
 
     def __init__(
-        self, experts: Mapping[tuple[int, int], tuple[Piece, ...]], queue_depth: int = 2, direct: bool = True
+        self,
+        experts: Mapping[tuple[int, int], tuple[Piece, ...]],
+        queue_depth: int = 2,
+        direct: bool = True,
+        link_bandwidth: float | None = None,
     ) -> None:
         self.experts = experts
         largest = max((p.nbytes for pieces in experts.values() for p in pieces), default=0)
@@ -99,7 +103,7 @@ class ExpertReader:
             ALIGNMENT,
             largest + 2 * ALIGNMENT,
         )
-        self._executor = _Executor(queue_depth, "runahead-mlx-read")
+        self._executor = _Executor(queue_depth, "runahead-mlx-read", link_bandwidth)
         self.bytes_read = 0
         self.reads = 0
         self._closed = False
@@ -115,10 +119,18 @@ class ExpertReader:
         if pieces is None:
             raise KeyError(f"expert ({layer}, {expert}) is not in the checkpoint")
         out: dict[str, np.ndarray] = {}
-        await self._executor.run(self._read_blocking, pieces, out)
-        self.bytes_read += sum(p.nbytes for p in pieces)
+        nbytes = sum(p.nbytes for p in pieces)
+        await self._executor.run(self._read_blocking, pieces, out, carries=nbytes)
+        self.bytes_read += nbytes
         self.reads += 1
         return out
+
+    async def carry(self, layer: int, expert: int) -> None:
+        """Take as long as expert ``(layer, expert)``'s bytes take over the capped link (the host
+        store's fetch, whose bytes are already in memory); returns at once without a cap."""
+        if self._executor.link is not None:
+            nbytes = sum(p.nbytes for p in self.experts[layer, expert])
+            await self._executor.run(_nothing, carries=nbytes)
 
     def _read_blocking(self, pieces: tuple[Piece, ...], out: dict[str, np.ndarray]) -> None:
         for piece in pieces:
@@ -146,3 +158,7 @@ class ExpertReader:
         self._closed = True
         self._executor.shutdown()
         self._files.close()
+
+
+def _nothing() -> None:
+    """A worker's no-op: a paced transfer whose bytes are already where they go."""

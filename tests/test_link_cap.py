@@ -1,0 +1,107 @@
+"""The link cap (:class:`runahead.store.LinkCap`): every read of a store paced to a serial link of a
+given bandwidth, through the real read path, with its bytes intact and the tokens unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from runahead.store import DiskStore, HostStore, LinkCap, SlotPool, make_store
+
+from storehelpers import layout_from_safetensors, o_direct_dir, write_experts
+
+LAYERS, EXPERTS, H, INTER = 2, 4, 64, 32
+EXPERT_BYTES = 3 * H * INTER * 4  # float32 gate, up and down
+
+
+def test_reads_queue_on_one_link_in_the_order_they_start() -> None:
+    cap = LinkCap(1000.0)  # bytes per second
+    assert cap.reserve(500, now=0.0) == 0.5
+    assert cap.reserve(500, now=0.1) == 1.0  # behind the first read, not beside it
+    assert cap.reserve(250, now=0.2) == 1.25
+    assert cap.reserve(100, now=5.0) == pytest.approx(5.1)  # an idle link carries it at once
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e9, math.inf, math.nan])
+def test_a_link_without_a_positive_finite_bandwidth_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="link bandwidth must be a positive number of bytes per second"):
+        LinkCap(bad)
+
+
+@pytest.fixture
+def experts(tmp_path: Path) -> Iterator[tuple[object, dict[tuple[int, int], torch.Tensor]]]:
+    where = o_direct_dir(tmp_path) or tmp_path  # buffered reads elsewhere: the cap paces them alike
+    paths, expected = write_experts(where, layers=LAYERS, experts=EXPERTS, hidden=H, inter=INTER)
+    yield layout_from_safetensors(paths, layers=LAYERS, experts=EXPERTS, hidden=H, inter=INTER), expected
+    if where != tmp_path:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["disk", "host"])
+async def test_capped_reads_take_the_links_time_and_keep_their_bytes(experts: tuple, kind: str) -> None:
+    layout, expected = experts
+    bandwidth = 40 * EXPERT_BYTES  # 25 ms an expert: far slower than this machine's disk or memory
+    keys = sorted(layout.ranges)
+    loop = asyncio.get_running_loop()
+    done: list[float] = []
+    with make_store(kind, layout, link_bandwidth=bandwidth) as store:
+        assert "link capped at" in repr(store)
+        pool = SlotPool(len(keys), layout.slot_numel)
+
+        async def read(i: int, key: tuple[int, int]) -> None:
+            await store.read_into(*key, pool.slot(i))
+            done.append(loop.time())
+
+        start = loop.time()
+        await asyncio.gather(*(read(i, key) for i, key in enumerate(keys)))  # two in flight at a time
+        for i, key in enumerate(keys):
+            assert torch.equal(pool.slot(i), expected[key])
+        assert store.bytes_read == len(keys) * EXPERT_BYTES
+    # one link: the n-th read to finish cannot finish before n experts' worth of link time
+    for n, at in enumerate(sorted(done), start=1):
+        assert at - start >= n * EXPERT_BYTES / bandwidth - 1e-6
+
+
+async def test_without_a_cap_nothing_is_paced(experts: tuple) -> None:
+    layout, _ = experts
+    for store in (DiskStore(layout), HostStore(layout)):
+        with store:
+            assert store._executor.link is None and "capped" not in repr(store)
+
+
+def test_a_capped_bench_point_computes_the_same_tokens_and_every_read_takes_the_links_time(
+    tmp_path: Path,
+) -> None:
+    from runahead.torchbench import TorchPoint, run_torch_point
+
+    from modelhelpers import build_tiny_model
+
+    path = build_tiny_model("qwen3_moe", tmp_path / "model")
+    common = dict(
+        policy="runahead", concurrency=2, cache_fraction=0.5, steps=4, warmup_steps=1, dtype="float32"
+    )
+    free = run_torch_point(TorchPoint(str(path), **common))  # type: ignore[arg-type]
+    gbps = 0.002  # 2 MB/s
+    capped = run_torch_point(TorchPoint(str(path), **common, link_gbps=gbps))  # type: ignore[arg-type]
+    assert capped["link_gbps"] == gbps and free["link_gbps"] is None
+    assert capped["token_digest"] == free["token_digest"]
+    config = json.loads((path / "config.json").read_text())
+    expert_bytes = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4  # float32 experts
+    # the link's busy time per step covers every read's transfer at the cap (the window clips the
+    # reads that straddle its start: hence the margin)
+    assert capped["fetch_s"] >= 0.9 * capped["fetches_per_step"] * expert_bytes / (gbps * 1e9) > 0
+    assert capped["fetch_s"] > free["fetch_s"]
+
+
+def test_a_bench_point_refuses_a_link_cap_that_is_not_a_positive_number() -> None:
+    from runahead.torchbench import TorchPoint
+
+    with pytest.raises(ValueError, match="link cap must be a positive number of GB/s, got 0"):
+        TorchPoint("medium", "sync", 2, 0.3, 4, link_gbps=0.0)
