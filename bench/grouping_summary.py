@@ -7,6 +7,11 @@ for the paper's grouping (``runahead/grouping=opportunistic``) and the new one
 (``runahead/grouping=bottleneck``) the speed-up over sync, the share of the possible gain
 ``(x - 1) / (limit - 1)`` and the step time over the row's own ``max(compute, fetch)``; ``new/paper``
 is the new grouping's tokens/s over the paper's (the "never below" target is ``>= 1``).
+
+Rows of real backends (``runahead bench --backend torch``) work too: their ``profile`` column shows
+the backend and link cap (``torch@1.5GB/s``), and a plain ``runahead`` row stands for the new
+grouping (it is what ``runahead`` means). Rows of several files for the same point are separate
+rounds: each file is summarized on its own, in the order given.
 """
 
 from __future__ import annotations
@@ -23,11 +28,20 @@ PAPER = "runahead/grouping=opportunistic"
 NEW = "runahead/grouping=bottleneck"
 
 
+def where_run(row: dict[str, Any]) -> str:
+    """The sim's profile, or a real backend and its link cap (``torch@1.5GB/s``, ``torch@disk``)."""
+    if "profile" in row:
+        return str(row["profile"])
+    link = f"{row['link_gbps']:g}GB/s" if row.get("link_gbps") else row.get("store", "")
+    return f"{row.get('backend', 'torch')}@{link}"
+
+
 def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     points: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
-        where = (row["model"], row["profile"], row["cache_fraction"], row["concurrency"], row["step_barrier"])
-        points[where][row["policy"]] = row
+        where = (row["model"], where_run(row), row["cache_fraction"], row["concurrency"], row["step_barrier"])
+        policy = NEW if row["policy"] == "runahead" else row["policy"]
+        points[where][policy] = row
     out = []
     for (model, profile, cache, concurrency, barrier), by in sorted(points.items()):
         if not {"sync", PAPER, NEW} <= by.keys():
@@ -53,7 +67,7 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    rows = table(load(sys.argv[1:]))
+    rows = [entry for path in sys.argv[1:] for entry in table(load([path]))]
     header = (
         f"{'model':<16} {'profile':<9} {'cache':>5} {'conc':>4} {'limit':>6} | {'paper x':>7} {'share':>6} "
         f"{'/bound':>6} | {'new x':>7} {'share':>6} {'/bound':>6} | {'new/paper':>9}"
