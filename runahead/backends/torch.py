@@ -40,6 +40,7 @@ from runahead.backends.common import (
     row_spans,
 )
 from runahead.backends.dtypes import resolve_dtype
+from runahead.backends.waves import ascending_sum, keep_products
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
 from runahead.models.layout import ExpertLayout
@@ -56,7 +57,7 @@ class _RequestState:
     hidden: torch.Tensor | None = None  # [tokens, H] residual stream between jobs
     ids: torch.Tensor | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: torch.Tensor | None = None  # [tokens, k] their routing weights
-    accumulated: torch.Tensor | None = None  # the MoE sum of the waves computed so far
+    partials: torch.Tensor | None = None  # [tokens, k, H] a waved job's products so far (backends.waves)
     routing: list[list[int]] | None = None  # ``ids`` read back to the host, one row per token
     logits: list[torch.Tensor] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
@@ -250,7 +251,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
 
         Returns the MoE output rows of the jobs that finished their MoE (in group order) and those
         jobs' indices. A job only adds the experts of its own wave, even when
-        another job of the group computes one of its other experts.
+        another job of the group computes one of its other experts. A job in waves keeps its
+        products until its last wave and sums them then, in the order one wave would have
+        (:mod:`runahead.backends.waves`), so its result does not depend on how it was split.
         """
         carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
         hidden = torch.cat([c[0] for c in carried])
@@ -258,21 +261,14 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         ids = torch.cat([c[1] for c in carried])  # not read: the rows come from the host copy
         wanted = {e for job in jobs for e in job.experts}
         experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
-        accumulated = torch.cat(
-            [
-                state.accumulated if state.accumulated is not None else torch.zeros_like(c[0])
-                for state, c in zip(states, carried, strict=True)
-            ]
-        )
         routing = self._routing(jobs, states, wanted)
-        accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, accumulated, routing)
         rows = row_spans(jobs)
-        final = []
-        for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
-            start, stop = rows[i]
-            state.accumulated = accumulated[start:stop] if job.remaining else None
-            if not job.remaining:
-                final.append(i)
+        waved = [i for i, job in enumerate(jobs) if job.wave or job.remaining]
+        if not waved:
+            accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, None, routing)
+        else:
+            accumulated = self._moe_waves(layer, hidden, weights, experts, routing, jobs, states, waved)
+        final = [i for i, job in enumerate(jobs) if not job.remaining]
         if not final:
             return hidden[:0], final
         if len(final) < len(jobs):
@@ -280,6 +276,39 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             hidden, accumulated = hidden[keep], accumulated[keep]
         # One call for every finished row: the shared expert's weights are read once per group.
         return self.model.moe_finish(layer, hidden, accumulated), final
+
+    def _moe_waves(
+        self,
+        layer: int,
+        hidden: torch.Tensor,
+        weights: torch.Tensor,
+        experts: dict[int, torch.Tensor],
+        routing: ExpertRows,
+        jobs: Sequence[Job],
+        states: list[_RequestState],
+        waved: list[int],
+    ) -> torch.Tensor:
+        """:meth:`_moe`'s sums for a group with jobs in waves: the others' as one wave does, a waved
+        job's products kept (:func:`~runahead.backends.waves.keep_products`) and, at its last wave,
+        summed (:func:`~runahead.backends.waves.ascending_sum`)."""
+        y = self.model.moe_products(layer, hidden, weights, experts, routing)
+        accumulated = torch.zeros_like(hidden)
+        if y is None:
+            return accumulated
+        rows, k = row_spans(jobs), weights.shape[-1]
+        in_waves = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        for i in waved:
+            in_waves[slice(*rows[i])] = True
+        plain = ~in_waves[routing.rows]
+        accumulated.index_add_(0, routing.rows[plain], y[plain])
+        for i in waved:
+            state, (start, stop) = states[i], rows[i]
+            state.partials = keep_products(state.partials, routing, y, start, stop, k)
+            if not jobs[i].remaining:
+                assert state.routing is not None
+                accumulated[start:stop] = ascending_sum(state.partials, state.routing)
+                state.partials = None
+        return accumulated
 
     def _routing(self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]) -> ExpertRows:
         """The group's (row, k) pairs of this wave, sorted by expert, from the host copy of the

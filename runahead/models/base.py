@@ -68,9 +68,15 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 DENSE_ROLES = frozenset(
-    {"q_proj", "k_proj", "v_proj", "o_proj", "q_gate", "lm_head", "in_proj_qkv", "in_proj_z", "out_proj"}
+    {
+        *("q_proj", "k_proj", "v_proj", "o_proj", "q_gate", "lm_head"),
+        *("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"),  # linear attention
+        *("router", "shared_gate", "shared_up", "shared_down", "shared_expert_gate"),
+        *("mlp_gate", "mlp_up", "mlp_down"),  # Gemma 4's dense MLP
+    }
 )
-"""Resident matrices read only through :meth:`MoEModel.dense` (so they may be kept half-width)."""
+"""Resident matrices read only through :meth:`MoEModel.dense` (so they may be kept half-width, and
+are then multiplied by the CPU kernel, whose rows never depend on the rows beside them)."""
 
 
 class MoEModel(ModelDescription):
@@ -171,12 +177,12 @@ class MoEModel(ModelDescription):
 
     def shared_expert(self, layer: int, x: Tensor) -> Tensor | None:
         """The always-on shared expert's output for normed rows ``x``, or ``None`` when there is none."""
-        c, w, p = self.config, self.weights, f"{layer}."
+        c, p = self.config, f"{layer}."
         if not c.shared_expert_size:
             return None
-        out = _swiglu(x, w[p + "shared_gate"], w[p + "shared_up"], w[p + "shared_down"])
+        out = self.dense_mlp(x, p + "shared_gate", p + "shared_up", p + "shared_down")
         if c.shared_expert_gate:
-            out = torch.sigmoid(F.linear(x, w[p + "shared_expert_gate"])) * out
+            out = torch.sigmoid(self.dense(x, p + "shared_expert_gate")) * out
         return out
 
     # --- the job pieces ----------------------------------------------------------------------
@@ -276,7 +282,7 @@ class MoEModel(ModelDescription):
         """
         c = self.config
         x = self.norm(hidden, f"{layer}.post_norm")
-        probs = torch.softmax(F.linear(x, self.weights[f"{layer}.router"]).float(), dim=-1)
+        probs = torch.softmax(self.dense(x, f"{layer}.router").float(), dim=-1)
         weights, ids = torch.topk(probs, c.top_k, dim=-1)
         if c.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -315,18 +321,29 @@ class MoEModel(ModelDescription):
         routing on the host passes it, so the MoE needs no device-to-host read (``ids`` is then not
         read). Without it the pairs are found from ``ids``.
 
-        The grouped product: the rows are gathered once in expert order, each expert runs over its
-        contiguous run of them (gate and up as one product), and the outputs are weighted and added
-        back with one scatter. Per row the sum runs in ascending expert order, as a loop over
-        experts would add them, so the result is the same to the bit.
+        The grouped product (:meth:`moe_products`), added back with one scatter. Per row the sum
+        runs in ascending expert order, as a loop over experts would add them, so the result is the
+        same to the bit.
         """
-        x = self.expert_input(layer, hidden)
-        if out is None:
-            out = torch.zeros_like(x)
         if routing is None:
             routing = ExpertRows.from_ids(ids, experts)
+        y = self.moe_products(layer, hidden, weights, experts, routing)
+        if out is None:
+            out = torch.zeros_like(hidden) if y is None else hidden.new_zeros(hidden.shape[0], y.shape[1])
+        return out if y is None else out.index_add_(0, routing.rows, y)
+
+    def moe_products(
+        self, layer: int, hidden: Tensor, weights: Tensor, experts: Mapping[int, Tensor], routing: ExpertRows
+    ) -> Tensor | None:
+        """Every routed pair's expert output times its routing weight, ``[pairs, H]`` in ``routing``'s
+        order (None when nothing routes to ``experts``): what :meth:`moe_partial` adds up.
+
+        The rows are gathered once in expert order and each expert runs over its contiguous run of
+        them (gate and up as one product).
+        """
         if not routing.spans:
-            return out
+            return None
+        x = self.expert_input(layer, hidden)
         gathered = x.index_select(0, routing.rows)
         y = self.stored_experts(layer, gathered, routing.spans, experts)
         if y is None:
@@ -336,8 +353,7 @@ class MoEModel(ModelDescription):
                 parts.append(self.run_expert(slot, gathered[start:stop]))
             y = torch.cat(parts) if len(parts) > 1 else parts[0]
         k = weights.shape[-1]
-        y = y * weights.reshape(-1).index_select(0, routing.rows * k + routing.kpos).unsqueeze(1)
-        return out.index_add_(0, routing.rows, y)
+        return y * weights.reshape(-1).index_select(0, routing.rows * k + routing.kpos).unsqueeze(1)
 
     def stored_experts(
         self, layer: int, rows: Tensor, spans: Sequence[tuple[int, int, int]], experts: Mapping[int, Tensor]
@@ -434,6 +450,11 @@ class MoEModel(ModelDescription):
         """One expert (or dense MLP) on rows ``x``: ``down(glu(gate(x), up(x)))``."""
         return F.linear(self.glu(F.linear(x, gate), F.linear(x, up)), down)
 
+    def dense_mlp(self, x: Tensor, gate: str, up: str, down: str) -> Tensor:
+        """A resident MLP (a shared expert, a dense layer) on rows ``x``, its matrices named by key:
+        :meth:`expert`'s arithmetic through :meth:`dense`."""
+        return self.dense(self.glu(self.dense(x, gate), self.dense(x, up)), down)
+
     def glu(self, gate: Tensor, up: Tensor) -> Tensor:
         """The gated unit of an expert: ``act(gate) * up``, SiLU unless overridden."""
         return F.silu(gate) * up
@@ -529,7 +550,3 @@ class ExpertRows:
     def from_ids(cls, ids: Tensor, experts: Collection[int]) -> ExpertRows:
         """From ``ids [T, k]`` (read on the host: a device sync on CUDA); entries of -1 route nowhere."""
         return cls.from_host(ids.tolist(), experts, ids.device)
-
-
-def _swiglu(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)

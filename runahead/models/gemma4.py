@@ -284,7 +284,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
         """Gemma 4's router on the residual: softmax top-k, renormalised, times ``per_expert_scale``."""
         w, p, c = self.weights, f"{layer}.", self.config
         x = _normed(hidden, c.rms_norm_eps).type_as(hidden) * w[p + "router_scale"] * c.hidden_size**-0.5
-        probs = torch.softmax(F.linear(x, w[p + "router"]), dim=-1, dtype=torch.float32)
+        probs = torch.softmax(self.dense(x, p + "router"), dim=-1, dtype=torch.float32)
         weights, ids = torch.topk(probs, c.top_k, dim=-1)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return ids, (weights * w[p + "per_expert_scale"][ids]).to(hidden.dtype)
@@ -300,8 +300,8 @@ class Gemma4Model(Gemma4Description, MoEModel):
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
         """Normed experts' sum plus the normed dense MLP, normed, added, scaled by ``layer_scalar``."""
         w, p = self.weights, f"{layer}."
-        dense = self.expert(
-            self.norm(hidden, p + "pre_ff_norm"), w[p + "mlp_gate"], w[p + "mlp_up"], w[p + "mlp_down"]
+        dense = self.dense_mlp(
+            self.norm(hidden, p + "pre_ff_norm"), p + "mlp_gate", p + "mlp_up", p + "mlp_down"
         )
         both = self.norm(dense, p + "post_ff_norm_1") + self.norm(out, p + "post_ff_norm_2")
         return (hidden + self.norm(both, p + "post_ff_norm")) * w[p + "layer_scalar"]

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from runahead.models.base import ModelDescription, ModelLoadError, MoEConfig, MoEModel, require
@@ -145,7 +144,7 @@ class GptOssModel(GptOssDescription, MoEModel):
     def route(self, layer: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """Top-k of the router's logits (with its bias), softmaxed over just those k."""
         x = self.norm(hidden, f"{layer}.post_norm")
-        logits = F.linear(x, self.weights[f"{layer}.router"], self.weights[f"{layer}.router.bias"])
+        logits = self.dense(x, f"{layer}.router", self.weights[f"{layer}.router.bias"])
         top, ids = torch.topk(logits, self.config.top_k, dim=-1)
         return ids, torch.softmax(top, dim=-1)
 

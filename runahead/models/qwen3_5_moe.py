@@ -202,8 +202,8 @@ class Qwen3_5MoeModel(Qwen3_5MoeDescription, MoEModel):
         assert la is not None
         mixed = self.dense(x, p + "in_proj_qkv")
         z = self.dense(x, p + "in_proj_z")
-        beta = torch.sigmoid(F.linear(x, w[p + "in_proj_b"])).float()
-        a = F.linear(x, w[p + "in_proj_a"]).float()
+        beta = torch.sigmoid(self.dense(x, p + "in_proj_b")).float()
+        a = self.dense(x, p + "in_proj_a").float()
         decay = -w[p + "A_log"].float().exp() * F.softplus(a + w[p + "dt_bias"])
         states = [state.recurrent(layer) for state, _, _ in segments]
         convolved, row = [], 0
