@@ -230,28 +230,14 @@ def test_batch_invariant_mode_gives_bit_identical_logits_under_every_schedule(mo
 
 
 @pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
-@pytest.mark.parametrize(
-    "arch",
-    [
-        "qwen3_moe",
-        "gemma4",
-        pytest.param(
-            "qwen3_5_moe",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="linear attention's decode step runs every request's delta rule as one batch of "
-                "tensors ([requests x heads] elementwise ops and reductions), which torch does not round "
-                "alike for every batch size; the op is not yet located (batch_invariant=True holds)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "gemma4"])
 def test_a_half_width_checkpoint_gives_bit_identical_logits_under_every_schedule(
     arch: str, tmp_path: Path
 ) -> None:
     """On a float32 CPU a bf16 checkpoint's experts, projections, routers, shared experts and dense
-    MLPs go through the stored-weight kernel, whose rows never depend on the rows beside them: the
-    default mode, groups batched as each schedule likes, waves included."""
+    MLPs go through the stored-weight kernel, whose rows never depend on the rows beside them, and
+    Qwen3.6's batched delta rule pads its narrow elementwise rows (``_rowwise``): the default mode,
+    groups batched as each schedule likes, waves included."""
     widths = {  # every resident matrix's rows whole 32-weight blocks, as the kernel takes them
         "qwen3_moe": {},
         "qwen3_5_moe": {"linear_value_head_dim": 8, "shared_expert_intermediate_size": 32},

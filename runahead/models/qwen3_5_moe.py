@@ -202,9 +202,9 @@ class Qwen3_5MoeModel(Qwen3_5MoeDescription, MoEModel):
         assert la is not None
         mixed = self.dense(x, p + "in_proj_qkv")
         z = self.dense(x, p + "in_proj_z")
-        beta = torch.sigmoid(self.dense(x, p + "in_proj_b")).float()
+        beta = _rowwise(torch.sigmoid, self.dense(x, p + "in_proj_b")).float()
         a = self.dense(x, p + "in_proj_a").float()
-        decay = -w[p + "A_log"].float().exp() * F.softplus(a + w[p + "dt_bias"])
+        decay = -w[p + "A_log"].float().exp() * _rowwise(F.softplus, a + w[p + "dt_bias"])
         states = [state.recurrent(layer) for state, _, _ in segments]
         convolved, row = [], 0
         for state, (_, _, n) in zip(states, segments, strict=True):
@@ -255,8 +255,21 @@ def _causal_conv(rows: Tensor, state: RecurrentLayer, weight: Tensor) -> Tensor:
     return F.silu(out).transpose(0, 1).to(rows.dtype)
 
 
+def _rowwise(op: Any, x: Tensor) -> Tensor:
+    """``op(x)`` for an elementwise ``op``, each row of ``x`` rounded alike however many rows there are.
+
+    torch runs an elementwise op over the whole tensor in vector chunks and ends in a scalar tail
+    whose last bit can differ; a row narrower than a chunk (a few heads, one norm) would land in one
+    or the other depending on the rows before it. Padded to 32 values a row is whole chunks (AVX2,
+    AVX-512, NEON alike), so a request's result does not depend on the requests in its group.
+    """
+    n = x.shape[-1]
+    pad = -n % 32
+    return op(F.pad(x, (0, pad)))[..., :n] if pad else op(x)
+
+
 def _l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+    return x * _rowwise(torch.rsqrt, (x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 def _delta_rule(
@@ -271,7 +284,7 @@ def _delta_rule(
     s = torch.stack([state.recurrent for state in states]) if len(states) > 1 else states[0].recurrent[None]
     out = torch.empty_like(v)
     for t in range(q.shape[1]):
-        s = s * decay[:, t].exp()[..., None, None]
+        s = s * _rowwise(torch.exp, decay[:, t])[..., None, None]
         remembered = (s * k[:, t, :, :, None]).sum(dim=-2)
         delta = (v[:, t] - remembered) * beta[:, t, :, None]
         s = s + k[:, t, :, :, None] * delta[:, :, None, :]
@@ -284,6 +297,6 @@ def _delta_rule(
 def _gated_rms_norm(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm of each head's output (plain ``w``), times ``silu(gate)``, as Qwen3.5's linear layers do."""
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    x32 = x32 * _rowwise(torch.rsqrt, x32.pow(2).mean(-1, keepdim=True) + eps)
     out = weight * x32.to(x.dtype)
-    return (out * F.silu(gate.float())).to(x.dtype)
+    return (out * _rowwise(F.silu, gate.float())).to(x.dtype)
