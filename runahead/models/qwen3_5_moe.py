@@ -23,7 +23,7 @@ per expert (``mlp.experts.E.{gate,up,down}_proj``) or stacked (``mlp.experts.gat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -255,7 +255,7 @@ def _causal_conv(rows: Tensor, state: RecurrentLayer, weight: Tensor) -> Tensor:
     return F.silu(out).transpose(0, 1).to(rows.dtype)
 
 
-def _rowwise(op: Any, x: Tensor) -> Tensor:
+def _rowwise(op: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """``op(x)`` for an elementwise ``op``, each row of ``x`` rounded alike however many rows there are.
 
     torch runs an elementwise op over the whole tensor in vector chunks and ends in a scalar tail
