@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import runahead.backends.torch as torch_backend
 from runahead.backends.torch import TorchBackend
 from runahead.jobs import RequestSpec
 from runahead.models import qkernel
@@ -198,17 +199,18 @@ def logits_under_every_schedule(path: Path, chunk: int, **options: Any) -> dict[
 
         backend.close_request = keep  # type: ignore[method-assign]
         waves = []
-        moe_waves = backend._moe_waves
+        sums_with_waves = torch_backend.sums_with_waves
 
-        def counted(*args, moe_waves=moe_waves, waves=waves):  # type: ignore[no-untyped-def]
-            waves.append(args[0])
-            return moe_waves(*args)
+        def counted(*args, sums_with_waves=sums_with_waves, waves=waves):  # type: ignore[no-untyped-def]
+            waves.append(args[-1])
+            return sums_with_waves(*args)
 
-        backend._moe_waves = counted  # type: ignore[method-assign]
+        torch_backend.sums_with_waves = counted  # type: ignore[assignment]
         try:
             asyncio.run(runtime.run(specs))
             assert bool(waves) == (chunk > 1)  # a prompt chunk routes more experts than a job may pin
         finally:
+            torch_backend.sums_with_waves = sums_with_waves  # type: ignore[assignment]
             backend.close()
         seen[policy] = logits
     return seen

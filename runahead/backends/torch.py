@@ -40,7 +40,7 @@ from runahead.backends.common import (
     row_spans,
 )
 from runahead.backends.dtypes import resolve_dtype
-from runahead.backends.waves import ascending_sum, keep_products
+from runahead.backends.waves import sums_with_waves
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
 from runahead.models.layout import ExpertLayout
@@ -263,11 +263,12 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
         routing = self._routing(jobs, states, wanted)
         rows = row_spans(jobs)
-        waved = [i for i, job in enumerate(jobs) if job.wave or job.remaining]
+        waved = [(i, states[i], not job.remaining) for i, job in enumerate(jobs) if job.wave or job.remaining]
         if not waved:
             accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, None, routing)
         else:
-            accumulated = self._moe_waves(layer, hidden, weights, experts, routing, jobs, states, waved)
+            y = self.model.moe_products(layer, hidden, weights, experts, routing)
+            accumulated = sums_with_waves(y, routing, rows, hidden, weights.shape[-1], waved)
         final = [i for i, job in enumerate(jobs) if not job.remaining]
         if not final:
             return hidden[:0], final
@@ -276,39 +277,6 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             hidden, accumulated = hidden[keep], accumulated[keep]
         # One call for every finished row: the shared expert's weights are read once per group.
         return self.model.moe_finish(layer, hidden, accumulated), final
-
-    def _moe_waves(
-        self,
-        layer: int,
-        hidden: torch.Tensor,
-        weights: torch.Tensor,
-        experts: dict[int, torch.Tensor],
-        routing: ExpertRows,
-        jobs: Sequence[Job],
-        states: list[_RequestState],
-        waved: list[int],
-    ) -> torch.Tensor:
-        """:meth:`_moe`'s sums for a group with jobs in waves: the others' as one wave does, a waved
-        job's products kept (:func:`~runahead.backends.waves.keep_products`) and, at its last wave,
-        summed (:func:`~runahead.backends.waves.ascending_sum`)."""
-        y = self.model.moe_products(layer, hidden, weights, experts, routing)
-        accumulated = torch.zeros_like(hidden)
-        if y is None:
-            return accumulated
-        rows, k = row_spans(jobs), weights.shape[-1]
-        in_waves = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
-        for i in waved:
-            in_waves[slice(*rows[i])] = True
-        plain = ~in_waves[routing.rows]
-        accumulated.index_add_(0, routing.rows[plain], y[plain])
-        for i in waved:
-            state, (start, stop) = states[i], rows[i]
-            state.partials = keep_products(state.partials, routing, y, start, stop, k)
-            if not jobs[i].remaining:
-                assert state.routing is not None
-                accumulated[start:stop] = ascending_sum(state.partials, state.routing)
-                state.partials = None
-        return accumulated
 
     def _routing(self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]) -> ExpertRows:
         """The group's (row, k) pairs of this wave, sorted by expert, from the host copy of the

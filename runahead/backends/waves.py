@@ -11,10 +11,48 @@ wave, and the row's sum is taken in ascending expert order, as a job that ran in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from runahead.models.base import ExpertRows
+
+
+class WavedState(Protocol):
+    """What a backend keeps per request for its waved jobs."""
+
+    partials: torch.Tensor | None  # [tokens, k, H] the products of the waves so far
+    routing: list[list[int]] | None  # the job's experts per row and k, read back to the host
+
+
+def sums_with_waves(
+    y: torch.Tensor | None,
+    routing: ExpertRows,
+    rows: Sequence[tuple[int, int]],
+    hidden: torch.Tensor,
+    k: int,
+    waved: Sequence[tuple[int, WavedState, bool]],
+) -> torch.Tensor:
+    """A group's MoE sums ``[T, H]`` from its weighted products ``y`` (``routing``'s order, or None):
+    the rows of jobs in one wave added up as :meth:`~runahead.models.base.MoEModel.moe_partial` does,
+    each waved job's (``(index, state, last wave?)``, rows ``rows[index]``) products kept in its state
+    and, at its last wave, summed with :func:`ascending_sum`. A waved job's rows are zero otherwise."""
+    total = torch.zeros_like(hidden)
+    if y is not None:
+        in_waves = torch.zeros(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        for i, _, _ in waved:
+            in_waves[slice(*rows[i])] = True
+        plain = ~in_waves[routing.rows]
+        total.index_add_(0, routing.rows[plain], y[plain])
+    for i, state, last in waved:
+        start, stop = rows[i]
+        if y is not None:
+            state.partials = keep_products(state.partials, routing, y, start, stop, k)
+        if last:
+            assert state.partials is not None and state.routing is not None
+            total[start:stop] = ascending_sum(state.partials, state.routing)
+            state.partials = None
+    return total
 
 
 def keep_products(

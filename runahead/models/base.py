@@ -329,7 +329,7 @@ class MoEModel(ModelDescription):
             routing = ExpertRows.from_ids(ids, experts)
         y = self.moe_products(layer, hidden, weights, experts, routing)
         if out is None:
-            out = torch.zeros_like(hidden) if y is None else hidden.new_zeros(hidden.shape[0], y.shape[1])
+            out = torch.zeros_like(hidden)
         return out if y is None else out.index_add_(0, routing.rows, y)
 
     def moe_products(
