@@ -14,7 +14,10 @@ keys and values) are evaluated with ``mx.eval`` before the call returns, so the 
 group's pins only after every read of their slots has happened.
 
 Prompts go through the same jobs in chunks; a chunk whose experts do not fit the cache at once runs
-its MoE in waves (the runtime's), which this backend sums.
+its MoE in waves (the runtime's): this backend keeps each routed pair's weighted product from its
+wave and sums them at the last wave in the order one wave adds them, so which experts the cache put
+in which wave never reaches the result's last bits (:mod:`runahead.backends.waves` says why; the
+torch backend's twin of this).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from runahead.backends.common import (
 )
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
-from runahead.models.mlx.base import MLXModel, RequestStateMLX
+from runahead.models.mlx.base import MLXModel, RequestStateMLX, moe_sum
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
@@ -55,7 +58,7 @@ class _RequestState:
     ids: mx.array | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: mx.array | None = None  # [tokens, k] their routing weights
     routing: np.ndarray | None = None  # ``ids`` on the host
-    accumulated: mx.array | None = None  # the MoE sum of the waves computed so far
+    products: mx.array | None = None  # [tokens, k, H] a waved job's weighted products so far
     logits: list[np.ndarray] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
     token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
@@ -234,7 +237,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
     ) -> tuple[mx.array, list[int]]:
         """This wave's routed experts for every job (one gathered matmul per matrix over slot
         indices); finish the MoE of jobs whose last wave this is. Returns the rows and those jobs."""
-        hidden_parts, slot_rows, weight_parts = [], [], []
+        hidden_parts, slot_rows, weight_parts, masks = [], [], [], []
         for state, job in zip(states, jobs, strict=True):
             if state.hidden is None or state.weights is None or state.routing is None:
                 raise RuntimeError(
@@ -245,28 +248,36 @@ class MLXBackend(RequestLifecycle[_RequestState]):
             slots, mask = self._slots(layer, state.routing, wave)
             hidden_parts.append(state.hidden)
             slot_rows.append(slots)
+            masks.append(mask)
             if mask is None:
                 weight_parts.append(state.weights)
             else:
                 weight_parts.append(state.weights * mx.array(mask, dtype=state.weights.dtype))
         hidden = _cat(hidden_parts)
         indices = mx.array(np.concatenate(slot_rows), dtype=mx.uint32)
-        routed = self.model.moe_partial(layer, hidden, indices, _cat(weight_parts), self.pools.pools)
+        weights = _cat(weight_parts)
+        products, dtype = self.model.moe_products(layer, hidden, indices, weights, self.pools.pools)
+        routed = moe_sum(products, dtype) if any(mask is None for mask in masks) else None
         spans = row_spans(jobs)
         final, outputs = [], []
-        for i, (state, job) in enumerate(zip(states, jobs, strict=True)):
+        for i, (state, job, mask) in enumerate(zip(states, jobs, masks, strict=True)):
             start, stop = spans[i]
-            part = routed[start:stop]
-            if state.accumulated is not None:
-                part = state.accumulated + part
+            if mask is not None:  # waves: keep each pair's product from its wave until the last
+                mine = products[start:stop]
+                kept = state.products if state.products is not None else mx.zeros_like(mine)
+                state.products = mx.where(mx.array(mask.astype(bool))[..., None], mine, kept)
             if job.remaining:
-                state.accumulated = part
                 outputs.append(hidden[start:stop])
-            else:
-                state.accumulated = None
-                outputs.append(self.model.moe_finish(layer, hidden[start:stop], part))
-                final.append(i)
-        pending = [s.accumulated for s in states if s.accumulated is not None]
+                continue
+            if mask is None:
+                assert routed is not None
+                part = routed[start:stop]
+            else:  # summed as one wave sums them (the same adds in the same order)
+                assert state.products is not None
+                part, state.products = moe_sum(state.products, dtype), None
+            outputs.append(self.model.moe_finish(layer, hidden[start:stop], part))
+            final.append(i)
+        pending = [s.products for s in states if s.products is not None]
         if pending:
             mx.eval(pending)  # a later wave must not keep this wave's slots in a lazy graph
         return _cat(outputs), final

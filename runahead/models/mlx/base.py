@@ -1,7 +1,7 @@
 """The MoE decoder on MLX, split into the runtime's jobs; routed experts come from slot pools.
 
 The same split as the torch models (:mod:`runahead.models.base`): job ``l -> l+1`` is
-:meth:`MLXModel.moe_partial` / :meth:`MLXModel.moe_finish` of layer ``l``, then
+:meth:`MLXModel.moe_products` / :meth:`MLXModel.moe_finish` of layer ``l``, then
 :meth:`MLXModel.attention` and :meth:`MLXModel.route` of layer ``l+1``; the entry job embeds; the
 last ends in :meth:`MLXModel.logits`. The arithmetic is mlx-lm's (``mx.fast.rms_norm``,
 ``mx.fast.rope``, ``mx.fast.scaled_dot_product_attention``, ``mx.quantized_matmul`` for the
@@ -24,6 +24,12 @@ import mlx.core as mx
 
 from runahead.models.description import MoEConfig
 from runahead.models.mlx.checkpoint import Checkpoint, MatrixFormat, Quant
+
+
+def moe_sum(products: mx.array, dtype: Any) -> mx.array:
+    """The MoE's routed sum ``[T, H]`` of its weighted products ``[T, k, H]``
+    (:meth:`MLXModel.moe_products`): ``sum_k`` in k's order, as mlx-lm's ``SwitchGLU`` block adds them."""
+    return products.sum(axis=-2).astype(dtype)
 
 
 class KVLayerMLX:
@@ -226,12 +232,12 @@ class MLXModel:
             scores = scores / scores.sum(axis=-1, keepdims=True)
         return ids, scores
 
-    def moe_partial(
+    def moe_products(
         self, layer: int, hidden: mx.array, slots: mx.array, weights: mx.array, pools: Mapping[str, mx.array]
-    ) -> mx.array:
-        """The routed experts' weighted sum ``[T, H]`` for rows ``hidden``: mlx-lm's ``SwitchGLU`` over
-        slot indices ``slots [T, k]``, then ``sum_k weights * y``. Pairs outside the current wave
-        carry weight 0 (and any resident slot)."""
+    ) -> tuple[mx.array, Any]:
+        """The routed experts' weighted products ``weights * y`` ``[T, k, H]`` for rows ``hidden``
+        (mlx-lm's ``SwitchGLU`` over slot indices ``slots [T, k]``), and the dtype their sum takes
+        (:func:`moe_sum`). Pairs outside the current wave carry weight 0 (and any resident slot)."""
         x = mx.expand_dims(self.expert_input(layer, hidden), (-2, -3))
         do_sort = slots.size >= 64
         idx, inv_order = slots, None
@@ -246,7 +252,7 @@ class MLXModel:
         if inv_order is not None:
             y = mx.unflatten(y[inv_order], 0, slots.shape)
         y = y.squeeze(-2)
-        return (y * weights[..., None]).sum(axis=-2).astype(y.dtype)
+        return y * weights[..., None], y.dtype
 
     def expert_input(self, layer: int, hidden: mx.array) -> mx.array:
         """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""

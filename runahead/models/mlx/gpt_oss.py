@@ -62,9 +62,9 @@ class GptOssMLX(MLXModel):
         ids = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
         return ids, mx.softmax(mx.take_along_axis(logits, ids, axis=-1), axis=-1, precise=True)
 
-    def moe_partial(
+    def moe_products(
         self, layer: int, hidden: mx.array, slots: mx.array, weights: mx.array, pools: Mapping[str, mx.array]
-    ) -> mx.array:
+    ) -> tuple[mx.array, Any]:
         """The clamped-SwiGLU experts as stored, over slot indices: ``x @ gate_up + b``, then down."""
         c: Any = self.config
         x = mx.expand_dims(self.expert_input(layer, hidden), (-2, -3))
@@ -75,4 +75,4 @@ class GptOssMLX(MLXModel):
         glu = (up + 1) * (gate * mx.sigmoid(gate * c.swiglu_alpha))
         y = mx.gather_mm(glu, pools["down_t.weight"], rhs_indices=slots)
         y = (y + pools["down_bias.weight"][slots][..., None, :]).squeeze(-2)
-        return (y * weights[..., None]).sum(axis=-2).astype(y.dtype)
+        return y * weights[..., None], y.dtype
