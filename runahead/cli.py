@@ -58,6 +58,7 @@ def run_generate(args: argparse.Namespace) -> int:
         timeline=args.timeline,
         batch_invariant=args.batch_invariant,
         backend=args.backend,
+        link_bandwidth=a.bytes_per_second(args.link_gbps),
     )
     if streaming:
         print()
@@ -111,6 +112,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     cache_fraction=args.cache_fraction,
                     store=args.store,
                     max_waiting=args.max_waiting,
+                    link_bandwidth=a.bytes_per_second(args.link_gbps),
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit

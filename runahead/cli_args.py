@@ -143,3 +143,8 @@ def check_device(name: str) -> None:
     index = int(name.partition(":")[2] or 0)
     if index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+
+
+def bytes_per_second(gbps: float | None) -> float | None:
+    """``--link-gbps`` as a backend's ``link_bandwidth`` (bytes per second); no cap stays None."""
+    return None if gbps is None else gbps * 1e9

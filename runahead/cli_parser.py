@@ -185,13 +185,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "by the CPU kernel; float32 compute on CPU) or widened to the compute dtype; auto: stored where "
         "that applies",
     )
-    bench.add_argument(
-        "--link-gbps",
-        type=a.POSITIVE,
-        default=None,
-        help="torch/mlx: pace expert reads to a serial link of this many GB/s (a steady stand-in for a "
-        "device's link; every byte still read from the store)",
-    )
+    _add_link_cap(bench)
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -268,4 +262,15 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-fraction", type=a.FRACTION, default=0.3, help="share of the experts cached")
     parser.add_argument(
         "--store", default="disk", choices=["disk", "host"], help="where experts are read from"
+    )
+    _add_link_cap(parser)
+
+
+def _add_link_cap(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--link-gbps",
+        type=a.POSITIVE,
+        default=None,
+        help="torch/mlx: pace expert reads to a serial link of this many GB/s (a steady stand-in for a "
+        "device's link; every byte still read from the store)",
     )

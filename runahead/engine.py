@@ -112,6 +112,7 @@ class Engine:
         batch_invariant: bool = False,
         dtype: str = "auto",
         max_waiting: int = DEFAULT_MAX_WAITING,
+        link_bandwidth: float | None = None,
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
@@ -124,6 +125,9 @@ class Engine:
         ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA; on CPU the faster of float32
         and bfloat16 at the model's shapes, timed once per process). An unknown name: ValueError.
         ``max_waiting``: requests that may wait beyond the running ones (:meth:`submit`).
+        ``link_bandwidth`` (bytes per second): pace every expert read to a serial link of that rate
+        (:class:`runahead.store.LinkCap`; the bytes still come from the store), to stand in for a
+        slower device's link; a value that is not a positive number: ValueError.
         """
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
@@ -146,6 +150,7 @@ class Engine:
             store=store,
             batch_invariant=batch_invariant,
             dtype=dtype,
+            link_bandwidth=link_bandwidth,
         )
         config = real_backend.model.config
         runtime = Runtime(

@@ -47,11 +47,12 @@ def generate(
     timeline: str | Path | None = None,
     batch_invariant: bool = False,
     backend: str = "torch",
+    link_bandwidth: float | None = None,
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
     With ``on_text``, the first copy's text is passed along as it is generated. ``backend``: ``torch``
-    or ``mlx``.
+    or ``mlx``. ``link_bandwidth``: as for :meth:`runahead.engine.Engine.open`.
     """
     from runahead.engine import Engine
 
@@ -71,6 +72,7 @@ def generate(
             record_selections=bool(record_trace),
             keep_records=timeline is not None,
             batch_invariant=batch_invariant,
+            link_bandwidth=link_bandwidth,
         )
         async with engine:
             ids = engine.encode(prompt)

@@ -177,3 +177,26 @@ def test_a_recorded_trace_replays_on_its_own_model_spec(
             main([*replay, *extra])
         assert exit.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_a_link_cap_reaches_the_backend_and_changes_no_token(
+    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runahead.backends.torch import TorchBackend
+
+    opened = []
+    open_backend = TorchBackend.open
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        backend = open_backend(*args, **kwargs)
+        opened.append(backend.store._executor.link)
+        return backend
+
+    monkeypatch.setattr(TorchBackend, "open", recording)
+    argv = ["generate", str(model), "--prompt-ids", "5,17,42", "--max-tokens", "6", "--json"]
+    main(argv)
+    free = json.loads(capsys.readouterr().out)["token_ids"]
+    main([*argv, "--link-gbps", "0.25"])
+    capped = json.loads(capsys.readouterr().out)["token_ids"]
+    assert capped == free
+    assert opened[0] is None and opened[1] is not None and opened[1].bandwidth == 0.25e9

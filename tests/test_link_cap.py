@@ -105,3 +105,43 @@ def test_a_bench_point_refuses_a_link_cap_that_is_not_a_positive_number() -> Non
 
     with pytest.raises(ValueError, match="link cap must be a positive number of GB/s, got 0"):
         TorchPoint("medium", "sync", 2, 0.3, 4, link_gbps=0.0)
+
+
+def test_the_engine_paces_every_read_and_keeps_its_tokens(tmp_path: Path) -> None:
+    """``Engine.open(link_bandwidth=...)`` (``runahead serve`` / ``generate --link-gbps``): the same
+    tokens as without a cap, and every read of the run took at least its bytes at the cap."""
+    from runahead.engine import Engine
+    from runahead.sampling import SamplingParams
+
+    from modelhelpers import build_tiny_model
+
+    path = build_tiny_model("qwen3_moe", tmp_path / "model")
+    config = json.loads((path / "config.json").read_text())
+    expert_bytes = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4  # float32 experts
+    bandwidth = 100 * expert_bytes  # 10 ms an expert
+
+    async def run(cap: float | None) -> tuple[list[list[int]], list]:
+        async with await Engine.open(
+            str(path), cache_fraction=0.4, dtype="float32", keep_records=True, link_bandwidth=cap
+        ) as engine:
+            params = SamplingParams(max_tokens=5)
+            prompts = ([5, 17, 42], [3, 99], [120])
+            done = await asyncio.gather(*(engine.complete(prompt, params) for prompt in prompts))
+            return [c.token_ids for c in done], list(engine.runtime.recorder.fetches)
+
+    free, _ = asyncio.run(run(None))
+    capped, reads = asyncio.run(run(bandwidth))
+    assert capped == free
+    assert len(reads) > 0
+    for read in reads:
+        assert read.end - read.start >= expert_bytes / bandwidth - 1e-6
+
+
+def test_the_engine_refuses_a_link_cap_that_is_not_a_positive_number(tmp_path: Path) -> None:
+    from runahead.engine import Engine
+
+    from modelhelpers import build_tiny_model
+
+    path = build_tiny_model("qwen3_moe", tmp_path / "model")
+    with pytest.raises(ValueError, match="link bandwidth must be a positive number of bytes per second"):
+        asyncio.run(Engine.open(str(path), link_bandwidth=0.0))

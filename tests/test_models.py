@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runahead.models import ARCHITECTURES, get_architecture
-from runahead.models.base import ModelLoadError, MoEModel
+from runahead.models import ARCHITECTURES, get_architecture, qkernel
+from runahead.models.base import DENSE_ROLES, ModelLoadError, MoEModel
 from runahead.models.layout import ExpertLayout
-from runahead.models.loader import load_model, load_reference_slot, load_tokenizer
+from runahead.models.loader import checkpoint_layout, load_model, load_reference_slot, load_tokenizer
 
 from modelhelpers import (
     ARCHS,
@@ -145,6 +145,35 @@ def test_bf16_files_widen_to_float32_and_match_transformers(tmp_path: Path) -> N
     assert model.weights["embed"].dtype == torch.float32
     assert load_reference_slot(layout, 1, 5).dtype == torch.float32
     logits = _decode(model, layout, PROMPT)
+    assert (logits - reference_logits(path, PROMPT)).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
+def test_dense_as_stored_keeps_the_files_half_width_matrices_and_widens_the_rest(tmp_path: Path) -> None:
+    """The projections, routers and LM head load as the file stores them (bfloat16, never widened),
+    the rest in float32; the layout equals the one read from the headers alone."""
+    from safetensors.torch import load_file
+
+    path = build_tiny_model(
+        "qwen3_moe",
+        tmp_path / "bf16",
+        dtype=torch.bfloat16,
+        moe_intermediate_size=32,
+        tie_word_embeddings=False,
+    )
+    model, layout = load_model(path, dense_as_stored=True)
+    assert layout == checkpoint_layout(path)
+    stored = load_file(str(path / "model.safetensors"))
+    names = type(model).weight_names(model.config)
+    half = {key for key in model.weights if key.rpartition(".")[2] in DENSE_ROLES}
+    assert {"lm_head", "0.q_proj", "0.router"} <= half
+    for key, w in model.weights.items():
+        assert w.dtype == (torch.bfloat16 if key in half else torch.float32), key
+        if key in half:
+            assert torch.equal(w, stored[next(name for name in names[key] if name in stored)])
+    widened, _ = load_model(path)
+    assert all(w.dtype == torch.float32 for w in widened.weights.values())
+    logits = _decode(model, layout, PROMPT)  # the kernel multiplies the half-width matrices
     assert (logits - reference_logits(path, PROMPT)).abs().max().item() < TOLERANCE
 
 

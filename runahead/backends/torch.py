@@ -135,9 +135,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         device's link. ``options`` go to the constructor.
         """
         from runahead.models import load_model
-        from runahead.models.loader import model_config
+        from runahead.models.gguf import is_gguf
+        from runahead.models.loader import checkpoint_layout, model_config
         from runahead.store import SlotPool, make_store
-        from runahead.store.base import DTYPES as STORE_DTYPES
 
         if (cache_slots is None) == (cache_fraction is None):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
@@ -151,13 +151,15 @@ class TorchBackend(RequestLifecycle[_RequestState]):
                 dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
         else:
             dtype = resolve_dtype(dtype, device)
-        model, layout = load_model(path, device=device, dtype=dtype)
-        stored = _stored_slots(layout, expert_slots, torch.device(device), dtype)
+        if is_gguf(path):
+            model, layout = load_model(path, device=device, dtype=dtype)
+            stored = _stored_slots(layout, expert_slots, torch.device(device), dtype)
+        else:  # decided from the headers, so the resident matrices load as they will be kept
+            stored = _stored_slots(checkpoint_layout(path), expert_slots, torch.device(device), dtype)
+            model, layout = load_model(path, device=device, dtype=dtype, dense_as_stored=stored is not None)
         if stored is not None and not layout.stored:
-            layout = stored
+            layout = stored  # the projections and LM head are kept as the file stores them too
             model.keep_stored(layout)
-            half = STORE_DTYPES[stored.slot_format(0).parts[0].kind]
-            model.keep_dense_half(half)  # the projections and LM head as the file stores them too
         if cache_slots is None:
             assert cache_fraction is not None
             config = model.config

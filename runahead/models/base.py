@@ -79,6 +79,23 @@ DENSE_ROLES = frozenset(
 are then multiplied by the CPU kernel, whose rows never depend on the rows beside them)."""
 
 
+def kept_half(key: str, weight: Tensor) -> bool:
+    """Whether the loader keeps resident matrix ``key`` as its file stores ``weight`` (bfloat16 or
+    float16) when asked to (``load_model(dense_as_stored=True)``): a :data:`DENSE_ROLES` matrix whose
+    rows the CPU kernel multiplies. Such a matrix costs half of float32's bytes in memory and in every
+    group that reads it, and never exists widened (the embedding, looked up rather than multiplied,
+    and so a tied LM head, are widened as before)."""
+    from runahead.models import qkernel
+
+    kind = qkernel.HALF_KINDS.get(weight.dtype)
+    return (
+        kind is not None
+        and key.rpartition(".")[2] in DENSE_ROLES
+        and weight.dim() == 2
+        and qkernel.multiplies(kind, [weight.shape[1]])
+    )
+
+
 class MoEModel(ModelDescription):
     """A MoE decoder split into the runtime's jobs; routed experts come from cache slots.
 
@@ -112,8 +129,8 @@ class MoEModel(ModelDescription):
     def dense(self, x: Tensor, key: str, bias: Tensor | None = None) -> Tensor:
         """``F.linear(x, weights[key], bias)`` for a resident matrix: the projections and the LM head.
 
-        A matrix kept half-width (:meth:`keep_dense_half`) is multiplied as stored by the CPU kernel
-        (float32 rows, at most :func:`~runahead.models.qkernel.max_rows` of them), else widened for
+        A matrix kept half-width (loaded as stored: :func:`kept_half`) is multiplied as stored by the
+        CPU kernel (float32 rows, at most :func:`~runahead.models.qkernel.max_rows` of them), else widened for
         the call (a prefill chunk's rows): the same products, summed in another order.
         """
         w = self.weights[key]
@@ -125,31 +142,6 @@ class MoEModel(ModelDescription):
             y = grouped_product(x, [w.data_ptr()], [(0, x.shape[0])], HALF_KINDS[w.dtype], w.shape[0])
             return y if bias is None else y + bias
         return F.linear(x, w.to(x.dtype), bias)
-
-    def keep_dense_half(self, dtype: torch.dtype) -> int:
-        """Keep the projections and the LM head (:data:`DENSE_ROLES`) in ``dtype`` (bfloat16 or float16)
-        where that loses nothing: each float32 matrix whose every value ``dtype`` holds exactly (a
-        half-width checkpoint's) and whose rows the kernel takes. Returns the bytes saved.
-
-        For float32 compute on the CPU with the kernel (``TorchBackend.open`` calls it with the experts
-        kept as stored): half the bytes every group reads for its shared weights. A tied LM head stays
-        as the embedding is (its rows are looked up, not multiplied).
-        """
-        from runahead.models import qkernel
-
-        saved = 0
-        for key, w in list(self.weights.items()):
-            if key.rpartition(".")[2] not in DENSE_ROLES or w.dim() != 2 or w.dtype != torch.float32:
-                continue
-            if w.device.type != "cpu" or w is self.weights.get("embed"):
-                continue
-            if not qkernel.multiplies(qkernel.HALF_KINDS[dtype], [w.shape[1]]):
-                continue
-            half = w.to(dtype)
-            if torch.equal(half.to(w.dtype), w):
-                self.weights[key] = half
-                saved += w.numel() * (w.element_size() - half.element_size())
-        return saved
 
     def keep_stored(self, layout: ExpertLayout) -> None:
         """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from runahead.models import get_architecture
-from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
+from runahead.models.base import ModelLoadError, MoEConfig, MoEModel, kept_half
 from runahead.models.layout import ExpertLayout, TensorRange, role_shape
 
 __all__ = ["ModelLoadError", "load_model", "load_reference_slot", "load_tokenizer", "read_config"]
@@ -223,13 +223,32 @@ def model_config(path: str | Path) -> MoEConfig:
     return get_architecture(str(raw.get("model_type"))).parse_config(raw)
 
 
+def checkpoint_layout(path: str | Path) -> ExpertLayout:
+    """Where a Hugging Face folder's routed experts lie, from its config and tensor headers alone
+    (no weight is read): the layout :func:`load_model` returns with the model."""
+    arch, config, infos = _checkpoint(path)
+    return expert_layout(arch, config, infos)
+
+
+def _checkpoint(path: str | Path) -> tuple[type[MoEModel], MoEConfig, dict[str, TensorInfo]]:
+    raw = text_config(read_config(path))
+    arch = get_architecture(str(raw.get("model_type")))
+    return arch, arch.parse_config(raw), read_headers(weight_files(path))
+
+
 def load_model(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    dense_as_stored: bool = False,
 ) -> tuple[MoEModel, ExpertLayout]:
     """Load a Hugging Face MoE folder: its resident weights in ``dtype`` on ``device``, and its expert layout.
 
     Called once at start-up. Routed experts are not loaded; the returned :class:`ExpertLayout`
     says where each lies. Raises :class:`ModelLoadError` naming the file, tensor or key at fault.
+    ``dense_as_stored`` (float32 compute on the CPU with the kernel): the half-width matrices
+    :func:`~runahead.models.base.kept_half` names stay as stored, never widened.
     A ``.gguf`` file (or one part of a split one) loads through :func:`runahead.models.gguf.load_gguf`:
     its experts stay as stored (a ``stored`` layout).
     """
@@ -240,10 +259,7 @@ def load_model(
     if is_gguf(path):
         return load_gguf(path, device=device, dtype=dtype)
 
-    raw = text_config(read_config(path))
-    arch = get_architecture(str(raw.get("model_type")))
-    config = arch.parse_config(raw)
-    infos = read_headers(weight_files(path))
+    arch, config, infos = _checkpoint(path)
     names = arch.weight_names(config)
     by_file: dict[str, list[tuple[str, str]]] = {}
     for key, shape in arch.weight_shapes(config).items():
@@ -255,7 +271,9 @@ def load_model(
             for key, name in wanted:
                 # A fresh, aligned copy: never a view into the mapped file (whose alignment would
                 # change matmul rounding from one file layout to another).
-                weights[key] = f.get_tensor(name).to(device=device, dtype=dtype, copy=True)
+                tensor = f.get_tensor(name)
+                kept = dense_as_stored and kept_half(key, tensor)
+                weights[key] = tensor.to(device=device, dtype=tensor.dtype if kept else dtype, copy=True)
     return arch(config, weights), expert_layout(arch, config, infos)
 
 
