@@ -43,6 +43,7 @@ from runahead.models.mlx.base import MLXModel, RequestStateMLX, moe_sum
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
+from runahead.store.base import check_link_bandwidth
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -146,6 +147,8 @@ class MLXBackend(RequestLifecycle[_RequestState]):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
+        if link_bandwidth is not None:
+            check_link_bandwidth(link_bandwidth)  # before the model loads
         if store not in ("disk", "host"):
             raise ValueError(f"unknown expert store {store!r}; expected 'disk' or 'host'")
         where = resolve_device(device)

@@ -45,6 +45,7 @@ from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, Request
 from runahead.models.base import ExpertRows
 from runahead.models.layout import ExpertLayout
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
+from runahead.store.base import check_link_bandwidth
 
 
 @dataclass(slots=True)
@@ -143,6 +144,8 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             raise ValueError("give exactly one of cache_slots and cache_fraction")
         if cache_fraction is not None and not 0 < cache_fraction <= 1:
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
+        if link_bandwidth is not None:
+            check_link_bandwidth(link_bandwidth)  # before the model loads
         if dtype == "auto" and torch.device(device).type == "cpu":
             if _stored_kernel_applies(path):
                 dtype = torch.float32  # the stored-expert kernel multiplies float32 rows

@@ -243,6 +243,15 @@ def _check_slot(layout: ExpertLayout, slot: torch.Tensor) -> torch.Tensor:
 # Reading byte ranges
 
 
+def check_link_bandwidth(bandwidth: object) -> float:
+    """``bandwidth`` (bytes per second) as a float, or ValueError naming it: a link cap must be a
+    positive finite number. Backends call it before loading a model, so a bad cap fails at once."""
+    if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
+        if math.isfinite(bandwidth) and bandwidth > 0:
+            return float(bandwidth)
+    raise ValueError(f"link bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
+
+
 class LinkCap:
     """A serial link of ``bandwidth`` bytes per second that every read of a store crosses.
 
@@ -255,9 +264,7 @@ class LinkCap:
     """
 
     def __init__(self, bandwidth: float) -> None:
-        if not math.isfinite(bandwidth) or bandwidth <= 0:
-            raise ValueError(f"link bandwidth must be a positive number of bytes per second, got {bandwidth}")
-        self.bandwidth = float(bandwidth)
+        self.bandwidth = check_link_bandwidth(bandwidth)
         self._free_at = -math.inf
 
     def reserve(self, nbytes: int, now: float) -> float:
