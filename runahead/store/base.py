@@ -246,9 +246,9 @@ def _check_slot(layout: ExpertLayout, slot: torch.Tensor) -> torch.Tensor:
 def check_link_bandwidth(bandwidth: object) -> float:
     """``bandwidth`` (bytes per second) as a float, or ValueError naming it: a link cap must be a
     positive finite number. Backends call it before loading a model, so a bad cap fails at once."""
-    if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
-        if math.isfinite(bandwidth) and bandwidth > 0:
-            return float(bandwidth)
+    number = isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool)
+    if number and math.isfinite(bandwidth) and bandwidth > 0:  # type: ignore[arg-type, operator]
+        return float(bandwidth)  # type: ignore[arg-type]
     raise ValueError(f"link bandwidth must be a positive number of bytes per second, got {bandwidth!r}")
 
 
