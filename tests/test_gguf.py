@@ -33,11 +33,12 @@ from ggufhelpers import (
 )
 from test_torch_backend import PROMPTS, TOKENS, run
 
-from runahead.models.base import ModelLoadError
+from runahead.models import qkernel
+from runahead.models.base import DENSE_ROLES, ModelLoadError
 from runahead.models.gguf import load_gguf
 from runahead.models.layout import STORED_TYPES
 from runahead.models.loader import load_model, load_reference_slot
-from runahead.models.quant import dequantize
+from runahead.models.quant import dequantize, widened
 from runahead.store import DiskStore, HostStore, SlotPool
 
 from simhelpers import POLICIES
@@ -115,6 +116,47 @@ def test_slots_hold_experts_as_stored(gguf_models: Any, arch: str, kind: str) ->
     h, i = layout.hidden_size, layout.intermediate_size
     bias_bytes = 4 * (2 * i + h) if biases else 0
     assert layout.slot_numel == 3 * h * i // per_block * block_bytes + bias_bytes  # bytes, as stored
+
+
+@pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
+@pytest.mark.parametrize(("arch", "kind"), CASES)
+def test_dense_matrices_stay_as_the_file_stores_them(gguf_models: Any, arch: str, kind: str) -> None:
+    """On the kernel path (what every run above used) the projections, routers and LM head the
+    converter did not reorder stay as stored blocks, and hold exactly the weights a widened load has."""
+    path = gguf_models(arch, kind)["path"]
+    model, _ = load_gguf(path, dense_as_stored=True)
+    plain, _ = load_gguf(path)
+    kept = {key for key, w in model.weights.items() if w.dtype == torch.uint8}
+    assert kept and all(key.rpartition(".")[2] in DENSE_ROLES for key in kept)
+    assert all(model.weights[key].shape[2] == STORED_TYPES[kind][1] for key in kept)
+    for key, w in model.weights.items():
+        if key in kept:
+            assert torch.equal(widened(w, torch.float32), plain.weights[key]), key
+        else:
+            assert w.dtype == torch.float32 and torch.equal(w, plain.weights[key]), key
+    if arch == "mixtral":  # llama's q/k rows are permuted by the converter: widened, as before
+        assert "0.q_proj" not in kept and "0.o_proj" in kept
+
+
+@pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
+def test_a_large_stored_matrix_runs_many_rows_through_the_kernel_a_few_at_a_time(
+    gguf_models: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More rows than the kernel takes at once: a small stored matrix is widened for the call, a large
+    one (an LM head) goes through the kernel in slices; both give the widened product's values."""
+    import runahead.models.base as base
+
+    model, _ = load_gguf(gguf_models("qwen3_moe", "Q4_0")["path"], dense_as_stored=True)
+    w = model.weights["lm_head"]
+    assert w.dtype == torch.uint8
+    x = torch.randn(3 * qkernel.max_rows() + 5, model.config.hidden_size)
+    expected = x @ widened(w, torch.float32).T
+    widening = model.dense(x, "lm_head")
+    monkeypatch.setattr(base, "WIDEN_MAX_WEIGHTS", 0)
+    sliced = model.dense(x, "lm_head")
+    assert sliced.shape == expected.shape == widening.shape
+    assert torch.allclose(widening, expected, atol=1e-5) and torch.allclose(sliced, expected, atol=1e-5)
+    assert torch.equal(sliced[:1], model.dense(x[:1], "lm_head"))  # a slice's rows: as the kernel's alone
 
 
 @pytest.mark.parametrize(("arch", "kind"), [("qwen3_moe", "Q4_0"), ("mixtral", "Q8_0")])

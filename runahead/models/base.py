@@ -79,6 +79,11 @@ DENSE_ROLES = frozenset(
 are then multiplied by the CPU kernel, whose rows never depend on the rows beside them)."""
 
 
+WIDEN_MAX_WEIGHTS = 16 << 20
+"""A stored resident matrix with more weights than this (64 MiB in float32: an LM head) is never
+widened for a prefill chunk; :meth:`MoEModel.dense` runs its rows through the kernel instead."""
+
+
 def kept_half(key: str, weight: Tensor) -> bool:
     """Whether the loader keeps resident matrix ``key`` as its file stores ``weight`` (bfloat16 or
     float16) when asked to (``load_model(dense_as_stored=True)``): a :data:`DENSE_ROLES` matrix whose
@@ -129,19 +134,30 @@ class MoEModel(ModelDescription):
     def dense(self, x: Tensor, key: str, bias: Tensor | None = None) -> Tensor:
         """``F.linear(x, weights[key], bias)`` for a resident matrix: the projections and the LM head.
 
-        A matrix kept half-width (loaded as stored: :func:`kept_half`) is multiplied as stored by the
-        CPU kernel (float32 rows, at most :func:`~runahead.models.qkernel.max_rows` of them), else widened for
-        the call (a prefill chunk's rows): the same products, summed in another order.
+        A matrix kept as stored (half-width, :func:`kept_half`; or a GGUF's Q4_0 / Q8_0 blocks,
+        ``uint8 [rows, blocks, block bytes]``: :func:`runahead.models.gguf.read_gguf`) is multiplied as
+        stored by the CPU kernel (float32 rows, at most :func:`~runahead.models.qkernel.max_rows` at
+        once), else widened for the call (a prefill chunk's rows): the same products, summed in
+        another order. A matrix whose widened copy would be large (an LM head) is never widened: its
+        rows go through the kernel a few at a time.
         """
         w = self.weights[key]
         if w.dtype == x.dtype:
             return F.linear(x, w, bias)
-        from runahead.models.qkernel import HALF_KINDS, grouped_product, max_rows
+        from runahead.models.qkernel import grouped_product, max_rows
+        from runahead.models.quant import stored_kind, widened
 
-        if x.dim() == 2 and x.shape[0] <= max_rows():
-            y = grouped_product(x, [w.data_ptr()], [(0, x.shape[0])], HALF_KINDS[w.dtype], w.shape[0])
+        kind, limit = stored_kind(w), max_rows()
+        if x.dim() == 2 and (x.shape[0] <= limit or w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS):
+            parts = [
+                grouped_product(
+                    x[i : i + limit], [w.data_ptr()], [(0, min(limit, x.shape[0] - i))], kind, w.shape[0]
+                )
+                for i in range(0, x.shape[0], limit)
+            ]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts)
             return y if bias is None else y + bias
-        return F.linear(x, w.to(x.dtype), bias)
+        return F.linear(x, widened(w, x.dtype), bias)
 
     def keep_stored(self, layout: ExpertLayout) -> None:
         """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:

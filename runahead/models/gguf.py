@@ -308,12 +308,21 @@ def expert_layout(model: GGUFModel, config: MoEConfig, biases: bool = False) -> 
 
 
 def read_gguf(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    dense_as_stored: bool = False,
 ) -> tuple[type[MoEModel], MoEConfig, dict[str, torch.Tensor], ExpertLayout]:
     """``(architecture, config, resident weights, stored expert layout)`` of a GGUF: the weights as a
     Hugging Face checkpoint holds them (the converter's changes undone), dequantized into ``dtype`` on
     ``device``, before any backend's model class rearranges them. Raises :class:`ModelLoadError`
-    naming the file and tensor or key at fault."""
+    naming the file and tensor or key at fault.
+
+    ``dense_as_stored`` (float32 compute on the CPU with the kernel): the matrices
+    :meth:`MoEModel.dense` multiplies stay as the file stores them where the kernel takes them and
+    the converter did not reorder them (:func:`_stored_matrix`), never widened: a Q4_0 file's
+    projections and LM head take 4.5 bits a weight in memory instead of 32."""
     model = GGUFModel(path)
     arch_name, raw = read_config(model)
     arch: type[MoEModel] = get_architecture(raw["model_type"])
@@ -322,6 +331,12 @@ def read_gguf(
     weights: dict[str, torch.Tensor] = {}
     for key, shape in arch.weight_shapes(config).items():
         hf, name = names[key]
+        if (
+            dense_as_stored
+            and (stored := _stored_matrix(model, key, hf, name, shape, raw, arch_name)) is not None
+        ):
+            weights[key] = stored.to(device)
+            continue
         values = model.dequantized(name)
         if values.size != int(np.prod(shape)):
             raise ModelLoadError(
@@ -340,15 +355,44 @@ def read_gguf(
     return arch, config, weights, expert_layout(model, config, biases=arch_name == gguf_gpt_oss.ARCH)
 
 
+def _stored_matrix(
+    model: GGUFModel, key: str, hf: str, name: str, shape: tuple[int, ...], raw: dict[str, Any], arch: str
+) -> torch.Tensor | None:
+    """Resident matrix ``key`` as the file stores it, or None where it cannot stay so: a
+    :data:`~runahead.models.base.DENSE_ROLES` matrix of a type the kernel multiplies (Q4_0 and Q8_0 as
+    ``uint8 [rows, blocks, block bytes]``, F16 and BF16 as such tensors) with rows of whole blocks, whose
+    values and order the converter left as they were (no q/k permutation, no Qwen3.6 reordering)."""
+    from runahead.models import qkernel
+    from runahead.models.base import DENSE_ROLES
+
+    if key.rpartition(".")[2] not in DENSE_ROLES or len(shape) != 2 or name not in model.tensors:
+        return None
+    kind = model.kind(name)
+    if kind not in qkernel.KINDS or model.shape(name) != shape or not qkernel.multiplies(kind, [shape[1]]):
+        return None
+    if q_k_permutation(name, raw) or (arch == gguf_qwen35.ARCH and gguf_qwen35.changes(hf, raw)):
+        return None
+    data = torch.from_numpy(np.ascontiguousarray(model.tensors[name][1].data).view(np.uint8).copy())
+    if kind in ("F16", "BF16"):
+        return data.view(torch.float16 if kind == "F16" else torch.bfloat16).reshape(shape)
+    block = STORED_TYPES[kind][1]
+    return data.reshape(shape[0], -1, block)
+
+
 def load_gguf(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    dense_as_stored: bool = False,
 ) -> tuple[MoEModel, ExpertLayout]:
-    """Load a GGUF MoE: resident weights dequantized into ``dtype`` on ``device``, experts as a stored layout.
+    """Load a GGUF MoE: resident weights dequantized into ``dtype`` on ``device`` (or, with
+    ``dense_as_stored``, the dense matrices as stored: :func:`read_gguf`), experts as a stored layout.
 
     The returned model's ``slot_formats`` say how each layer's slots hold its experts. Raises
     :class:`ModelLoadError` naming the file and tensor or key at fault.
     """
-    arch, config, weights, layout = read_gguf(path, device, dtype)
+    arch, config, weights, layout = read_gguf(path, device, dtype, dense_as_stored=dense_as_stored)
     built = arch(config, weights)
     built.keep_stored(layout)
     return built, layout

@@ -248,7 +248,8 @@ def load_model(
     Called once at start-up. Routed experts are not loaded; the returned :class:`ExpertLayout`
     says where each lies. Raises :class:`ModelLoadError` naming the file, tensor or key at fault.
     ``dense_as_stored`` (float32 compute on the CPU with the kernel): the half-width matrices
-    :func:`~runahead.models.base.kept_half` names stay as stored, never widened.
+    :func:`~runahead.models.base.kept_half` names stay as stored, never widened (a GGUF's Q4_0 /
+    Q8_0 / F16 / BF16 ones too: :func:`runahead.models.gguf.read_gguf`).
     A ``.gguf`` file (or one part of a split one) loads through :func:`runahead.models.gguf.load_gguf`:
     its experts stay as stored (a ``stored`` layout).
     """
@@ -257,7 +258,7 @@ def load_model(
     from runahead.models.gguf import is_gguf, load_gguf
 
     if is_gguf(path):
-        return load_gguf(path, device=device, dtype=dtype)
+        return load_gguf(path, device=device, dtype=dtype, dense_as_stored=dense_as_stored)
 
     arch, config, infos = _checkpoint(path)
     names = arch.weight_names(config)

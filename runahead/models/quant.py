@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from runahead.models.layout import SlotFormat
+from runahead.models.layout import STORED_TYPES, SlotFormat
 
 FLOAT_KINDS: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.float32)
@@ -79,3 +79,28 @@ def dequantize_slot(slot: Tensor, fmt: SlotFormat, dtype: torch.dtype, out: Tens
         dequantize(slot[part.start : part.stop], part.kind, part.shape, flat[at : at + size])
         at += size
     return flat if dtype == torch.float32 else flat.to(dtype)
+
+
+BLOCK_KINDS: dict[int, str] = {STORED_TYPES[kind][1]: kind for kind in ("Q4_0", "Q8_0")}
+"""Bytes per block -> block type, for a resident matrix kept as stored: ``uint8 [rows, blocks, bytes]``."""
+
+
+def stored_kind(matrix: Tensor) -> str:
+    """The kernel type (:data:`runahead.models.qkernel.KINDS`) of a resident matrix kept as stored: a
+    half-width tensor's (``BF16``, ``F16``), or a block-stored one's (``Q4_0``, ``Q8_0``, by its block
+    size)."""
+    from runahead.models.qkernel import HALF_KINDS
+
+    if matrix.dtype == torch.uint8 and matrix.dim() == 3 and matrix.shape[2] in BLOCK_KINDS:
+        return BLOCK_KINDS[matrix.shape[2]]
+    if matrix.dtype in HALF_KINDS:
+        return HALF_KINDS[matrix.dtype]
+    raise ValueError(f"not a resident matrix kept as stored: {matrix.dtype} {tuple(matrix.shape)}")
+
+
+def widened(matrix: Tensor, dtype: torch.dtype) -> Tensor:
+    """A resident matrix kept as stored (:func:`stored_kind`), as a ``[rows, columns]`` copy in ``dtype``."""
+    if matrix.dtype != torch.uint8:
+        return matrix.to(dtype)
+    rows, blocks, _ = matrix.shape
+    return dequantize(matrix.reshape(-1), stored_kind(matrix), (rows, blocks * 32)).to(dtype)

@@ -150,9 +150,10 @@ class Qwen3_5MoeModel(Qwen3_5MoeDescription, MoEModel):
         # q_proj holds each head's query rows then its gate rows; split them once for two plain products.
         hd = config.head_dim
         for layer in self.full_layers(config):
-            both = self.weights[f"{layer}.q_proj"].view(config.num_attention_heads, 2, hd, -1)
-            self.weights[f"{layer}.q_proj"] = both[:, 0].reshape(-1, both.shape[-1]).contiguous()
-            self.weights[f"{layer}.q_gate"] = both[:, 1].reshape(-1, both.shape[-1]).contiguous()
+            w = self.weights[f"{layer}.q_proj"]  # rows split; a block-stored matrix's blocks kept whole
+            both = w.view(config.num_attention_heads, 2, hd, *w.shape[1:])
+            self.weights[f"{layer}.q_proj"] = both[:, 0].reshape(-1, *w.shape[1:]).contiguous()
+            self.weights[f"{layer}.q_gate"] = both[:, 1].reshape(-1, *w.shape[1:]).contiguous()
 
     # --- compute -----------------------------------------------------------------------------
 
