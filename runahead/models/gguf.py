@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -331,52 +332,76 @@ def read_gguf(
     weights: dict[str, torch.Tensor] = {}
     for key, shape in arch.weight_shapes(config).items():
         hf, name = names[key]
-        if (
-            dense_as_stored
-            and (stored := _stored_matrix(model, key, hf, name, shape, raw, arch_name)) is not None
-        ):
+        if name in model.tensors and int(np.prod(model.shape(name))) != int(np.prod(shape)):
+            raise ModelLoadError(
+                f"{model.path}: tensor {name}: expected shape {list(shape)}, found {list(model.shape(name))}"
+            )
+        undo = partial(_unconverted, hf=hf, name=name, shape=shape, raw=raw, arch=arch_name)
+        if dense_as_stored and (stored := _stored_matrix(model, key, name, shape, undo)) is not None:
             weights[key] = stored.to(device)
             continue
-        values = model.dequantized(name)
-        if values.size != int(np.prod(shape)):
-            raise ModelLoadError(
-                f"{model.path}: tensor {name}: expected shape {list(shape)}, found {list(values.shape)}"
-            )
-        if arch_name == gguf_qwen35.ARCH:
-            values = gguf_qwen35.from_gguf(hf, values, raw, shape)
-        values = values.reshape(shape)
-        if heads := q_k_permutation(name, raw):  # undo the converter's llama q/k permutation
-            values = (
-                values.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
-            )
+        values = undo(model.dequantized(name))
         weights[key] = torch.from_numpy(np.array(values, dtype=np.float32)).to(
             device=device, dtype=dtype, copy=True
         )
     return arch, config, weights, expert_layout(model, config, biases=arch_name == gguf_gpt_oss.ARCH)
 
 
+def _unconverted(
+    values: np.ndarray[Any, Any],
+    *,
+    hf: str,
+    name: str,
+    shape: tuple[int, ...],
+    raw: dict[str, Any],
+    arch: str,
+) -> np.ndarray[Any, Any]:
+    """GGUF tensor ``name``'s ``values`` (or their indices) with the converter's changes undone, as
+    HF tensor ``hf`` of ``shape`` holds them."""
+    if arch == gguf_qwen35.ARCH:
+        values = gguf_qwen35.from_gguf(hf, values, raw, shape)
+    values = values.reshape(shape)
+    if heads := q_k_permutation(name, raw):  # undo the converter's llama q/k permutation
+        values = values.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2)
+    return values.reshape(shape)
+
+
 def _stored_matrix(
-    model: GGUFModel, key: str, hf: str, name: str, shape: tuple[int, ...], raw: dict[str, Any], arch: str
+    model: GGUFModel,
+    key: str,
+    name: str,
+    shape: tuple[int, ...],
+    undo: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]],
 ) -> torch.Tensor | None:
     """Resident matrix ``key`` as the file stores it, or None where it cannot stay so: a
-    :data:`~runahead.models.base.DENSE_ROLES` matrix of a type the kernel multiplies (Q4_0 and Q8_0 as
-    ``uint8 [rows, blocks, block bytes]``, F16 and BF16 as such tensors) with rows of whole blocks, whose
-    values and order the converter left as they were (no q/k permutation, no Qwen3.6 reordering)."""
+    :data:`~runahead.models.base.DENSE_ROLES` matrix of a type the kernel multiplies (Q4_0 and Q8_0
+    as ``uint8 [rows, blocks, block bytes]``, F16 and BF16 as such tensors) with rows of whole blocks.
+
+    The converter may have reordered it (llama's q/k rows, Qwen3.6's value heads: ``undo`` undoes
+    that on values). ``undo`` applied to the weights' *indices* says where each weight of the HF
+    matrix lies in the file; the blocks are reordered as whole blocks where every block of 32 stays
+    together (every such change is by whole rows, or by 128-column head blocks), else None.
+    """
     from runahead.models import qkernel
     from runahead.models.base import DENSE_ROLES
 
     if key.rpartition(".")[2] not in DENSE_ROLES or len(shape) != 2 or name not in model.tensors:
         return None
     kind = model.kind(name)
-    if kind not in qkernel.KINDS or model.shape(name) != shape or not qkernel.multiplies(kind, [shape[1]]):
+    if kind not in qkernel.KINDS or not qkernel.multiplies(kind, [shape[1]]):
         return None
-    if q_k_permutation(name, raw) or (arch == gguf_qwen35.ARCH and gguf_qwen35.changes(hf, raw)):
-        return None
-    data = torch.from_numpy(np.ascontiguousarray(model.tensors[name][1].data).view(np.uint8).copy())
+    order = undo(np.arange(int(np.prod(shape)), dtype=np.int64).reshape(model.shape(name)))
+    data = np.ascontiguousarray(model.tensors[name][1].data).view(np.uint8)
     if kind in ("F16", "BF16"):
-        return data.view(torch.float16 if kind == "F16" else torch.bfloat16).reshape(shape)
-    block = STORED_TYPES[kind][1]
-    return data.reshape(shape[0], -1, block)
+        weights = torch.from_numpy(data.view(np.uint16).reshape(-1)[order].copy())
+        return weights.view(torch.float16 if kind == "F16" else torch.bfloat16)
+    firsts = order.reshape(shape[0], -1, 32)[..., 0]
+    if (firsts % 32).any() or not np.array_equal(
+        order.reshape((*firsts.shape, 32)), firsts[..., None] + np.arange(32)
+    ):
+        return None  # a change that splits blocks: widened
+    blocks = data.reshape(-1, STORED_TYPES[kind][1])
+    return torch.from_numpy(blocks[firsts // 32])
 
 
 def load_gguf(

@@ -93,14 +93,6 @@ def from_gguf(name: str, x: Array, config: dict[str, Any], shape: tuple[int, ...
     return _value_heads(name, x, config, inverse=True)
 
 
-def changes(name: str, config: dict[str, Any]) -> bool:
-    """Whether :func:`from_gguf` changes HF tensor ``name``'s values or their order (else the GGUF's
-    bytes are the HF tensor's, as stored)."""
-    per = _heads(config)[1]
-    reordered = per != 1 and "linear_attn." in name
-    return reordered or name.endswith((".A_log", "conv1d.weight")) or _one_plus(name)
-
-
 def layer_types(config: dict[str, Any]) -> list[str]:
     """Each layer's kind, from ``layer_types`` or every ``full_attention_interval``-th layer full."""
     types = config.get("layer_types")
