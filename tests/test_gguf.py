@@ -121,14 +121,17 @@ def test_slots_hold_experts_as_stored(gguf_models: Any, arch: str, kind: str) ->
 @pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
 @pytest.mark.parametrize(("arch", "kind"), CASES)
 def test_dense_matrices_stay_as_the_file_stores_them(gguf_models: Any, arch: str, kind: str) -> None:
-    """On the kernel path (what every run above used) the projections, shared experts and LM head
-    stay as stored blocks (those the converter reordered by whole blocks reordered back as blocks),
+    """On the kernel path (what every run above used) the projections, shared experts, LM head and
+    embedding stay as stored blocks (those the converter reordered by whole blocks reordered back as blocks),
     and hold exactly the weights a widened load has."""
     path = gguf_models(arch, kind)["path"]
     model, _ = load_gguf(path, dense_as_stored=True)
     plain, _ = load_gguf(path)
     kept = {key for key, w in model.weights.items() if w.dtype == torch.uint8}
-    assert kept and all(key.rpartition(".")[2] in DENSE_ROLES for key in kept)
+    assert "embed" in kept and all(key.rpartition(".")[2] in DENSE_ROLES | {"embed"} for key in kept)
+    assert model.dtype == torch.float32  # the compute dtype, though the embedding is blocks
+    ids = torch.tensor([3, 0, 3, 7])
+    assert torch.equal(model.embedding_rows(ids), torch.nn.functional.embedding(ids, plain.weights["embed"]))
     assert all(model.weights[key].shape[2] == STORED_TYPES[kind][1] for key in kept)
     for key, w in model.weights.items():
         if key in kept:

@@ -84,6 +84,11 @@ WIDEN_MAX_WEIGHTS = 16 << 20
 widened for a prefill chunk; :meth:`MoEModel.dense` runs its rows through the kernel instead."""
 
 
+def _stored(weight: Tensor) -> bool:
+    """Whether a resident weight is kept as its GGUF stores it in blocks (``uint8 [rows, blocks, bytes]``)."""
+    return weight.dtype == torch.uint8
+
+
 def kept_half(key: str, weight: Tensor) -> bool:
     """Whether the loader keeps resident matrix ``key`` as its file stores ``weight`` (bfloat16 or
     float16) when asked to (``load_model(dense_as_stored=True)``): a :data:`DENSE_ROLES` matrix whose
@@ -118,8 +123,9 @@ class MoEModel(ModelDescription):
         self.weights = dict(weights)
         if config.tie_word_embeddings or "lm_head" not in self.weights:
             self.weights["lm_head"] = self.weights["embed"]
-        any_weight = self.weights["embed"]
-        self.dtype, self.device = any_weight.dtype, any_weight.device
+        any_weight = self.weights["embed"]  # kept as stored (a GGUF's blocks): float32 compute
+        self.dtype = torch.float32 if _stored(any_weight) else any_weight.dtype
+        self.device = any_weight.device
         rotary = config.rotary_dim or config.head_dim
         dims = torch.arange(0, rotary, 2, dtype=torch.float32, device=self.device)
         inv_freq = 1.0 / (config.rope_theta ** (dims / rotary))
@@ -222,7 +228,15 @@ class MoEModel(ModelDescription):
     @torch.no_grad()
     def embed(self, token_ids: Tensor) -> Tensor:
         """Hidden states ``[T, H]`` of token ids ``[T]``: the start of a token's entry job."""
-        return F.embedding(token_ids.to(self.device), self.weights["embed"])
+        return self.embedding_rows(token_ids)
+
+    def embedding_rows(self, token_ids: Tensor) -> Tensor:
+        """The embedding's rows of ``token_ids`` in the compute dtype (an embedding kept as stored,
+        a GGUF's blocks, widened row by row: never the whole table)."""
+        from runahead.models.quant import widened
+
+        w, ids = self.weights["embed"], token_ids.to(self.device)
+        return F.embedding(ids, w) if w.dtype == self.dtype else widened(w[ids], self.dtype)
 
     @torch.no_grad()
     def attention(self, layer: int, hidden: Tensor, segments: Sequence[Segment]) -> Tensor:

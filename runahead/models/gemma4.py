@@ -248,7 +248,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
     @torch.no_grad()
     def embed(self, token_ids: Tensor) -> Tensor:
         """Embeddings scaled by ``sqrt(hidden_size)`` (in the weights' dtype, as transformers rounds it)."""
-        return F.embedding(token_ids.to(self.device), self.weights["embed"]) * self.embed_scale
+        return self.embedding_rows(token_ids) * self.embed_scale
 
     def rope_frequencies(self, layer: int) -> Tensor:
         """Default RoPE on sliding layers, proportional (part of each head) on global ones."""

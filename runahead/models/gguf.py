@@ -375,7 +375,8 @@ def _stored_matrix(
 ) -> torch.Tensor | None:
     """Resident matrix ``key`` as the file stores it, or None where it cannot stay so: a
     :data:`~runahead.models.base.DENSE_ROLES` matrix of a type the kernel multiplies (Q4_0 and Q8_0
-    as ``uint8 [rows, blocks, block bytes]``, F16 and BF16 as such tensors) with rows of whole blocks.
+    as ``uint8 [rows, blocks, block bytes]``, F16 and BF16 as such tensors) with rows of whole blocks,
+    or the embedding in blocks (its rows widened as they are looked up: ``MoEModel.embedding_rows``).
 
     The converter may have reordered it (llama's q/k rows, Qwen3.6's value heads: ``undo`` undoes
     that on values). ``undo`` applied to the weights' *indices* says where each weight of the HF
@@ -385,7 +386,7 @@ def _stored_matrix(
     from runahead.models import qkernel
     from runahead.models.base import DENSE_ROLES
 
-    if key.rpartition(".")[2] not in DENSE_ROLES or len(shape) != 2 or name not in model.tensors:
+    if key.rpartition(".")[2] not in DENSE_ROLES | {"embed"} or len(shape) != 2 or name not in model.tensors:
         return None
     kind = model.kind(name)
     if kind not in qkernel.KINDS or not qkernel.multiplies(kind, [shape[1]]):
@@ -393,6 +394,8 @@ def _stored_matrix(
     order = undo(np.arange(int(np.prod(shape)), dtype=np.int64).reshape(model.shape(name)))
     data = np.ascontiguousarray(model.tensors[name][1].data).view(np.uint8)
     if kind in ("F16", "BF16"):
+        if key == "embed":  # looked up, not multiplied: a half-width table would set the compute dtype
+            return None
         weights = torch.from_numpy(data.view(np.uint16).reshape(-1)[order].copy())
         return weights.view(torch.float16 if kind == "F16" else torch.bfloat16)
     firsts = order.reshape(shape[0], -1, 32)[..., 0]
