@@ -145,6 +145,14 @@ def test_dense_matrices_stay_as_the_file_stores_them(gguf_models: Any, arch: str
 
 
 @pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
+def test_an_f16_files_dense_matrices_stay_half_width_and_give_the_reference_tokens(tmp_path: Path) -> None:
+    checked = _checked_run("qwen3_moe", "F16", tmp_path)  # tokens and logits against the reference
+    model, _ = load_gguf(checked["path"], dense_as_stored=True)
+    assert model.weights["0.q_proj"].dtype == model.weights["lm_head"].dtype == torch.float16
+    assert model.weights["embed"].dtype == model.dtype == torch.float32  # looked up: widened at load
+
+
+@pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
 def test_a_large_stored_matrix_runs_many_rows_through_the_kernel_a_few_at_a_time(
     gguf_models: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
