@@ -54,6 +54,13 @@ def test_greedy_tokens_and_logits_equal_the_dequantized_reference(
     reference = reference_model(arch, path, hf, tmp_path)
     tokens, logits, backend = run(path, "runahead")
     assert all(f.quant is not None and f.quant.group_size == 32 for f in backend.checkpoint.formats.values())
+    resident = backend.model.quant  # the projections, LM head and embedding stay quantized too
+    assert "embed" in resident and any(key.startswith("1.") for key in resident)  # and layer 1's projections
+    assert {q.group_size for q in resident.values()} == {32}
+    if (
+        arch == "gemma4"
+    ):  # sqrt(hidden) in the rows' dtype, not the packed table's uint32 (which truncates it)
+        assert backend.model.embed_scale.dtype == backend.model.weights["embed.scales"].dtype
     with torch.no_grad():
         for index, prompt in enumerate(PROMPTS):
             ref = reference(torch.tensor([list(prompt) + tokens[index]])).logits[0, len(prompt) - 1 : -1]

@@ -361,22 +361,25 @@ def _hf_experts(
 
 
 def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
-    """A GGUF file through the torch loader's parse (resident weights dequantized to float32 once);
+    """A GGUF file through the torch loader's parse: the resident matrices and the embedding the
+    file stores in Q4_0 / Q8_0 blocks (whole blocks, as ``read_gguf(dense_as_stored=True)`` keeps
+    them) repacked once as MLX affine 4 / 8-bit group 32 (exactly, :mod:`.ggufq`), multiplied by
+    ``mx.quantized_matmul`` as mlx-lm's quantized matrices; the other resident weights dequantized;
     each expert matrix is one piece of the file's blocks, repacked when read."""
-    import numpy as np
-
     from runahead.models.gguf import read_gguf
     from runahead.models.mlx.ggufq import GGUF_QUANT
 
-    arch, config, torch_weights, layout = read_gguf(path)  # as the checkpoint holds them
+    arch, config, torch_weights, layout = read_gguf(
+        path, dense_as_stored=True
+    )  # as the checkpoint holds them
     if config.model_type not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: GGUF {config.model_type} models do not run on the mlx backend yet (its GGUF "
             f"architectures: {', '.join(GGUF_ARCHITECTURES)}); use --backend torch"
         )
-    weights = {key: _cast(mx.array(np.asarray(t.numpy())), dtype) for key, t in torch_weights.items()}
     if config.tie_word_embeddings:
-        weights.pop("lm_head", None)
+        torch_weights.pop("lm_head", None)
+    weights, quant = _gguf_resident(torch_weights, dtype)
     mx.eval(list(weights.values()))
     formats: dict[str, MatrixFormat] = {}
     experts: dict[tuple[int, int], tuple[Piece, ...]] = {}
@@ -402,4 +405,32 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
                 )
             pieces.append(Piece(f"{r.role}.gguf", r.path, r.offset, r.nbytes, r.dtype, (out, inner)))
         experts[key] = tuple(pieces)
-    return Checkpoint(config, arch, weights, {}, formats, experts, False)
+    return Checkpoint(config, arch, weights, quant, formats, experts, False)
+
+
+def _gguf_resident(
+    torch_weights: Mapping[str, Any], dtype: Any
+) -> tuple[dict[str, mx.array], dict[str, Quant]]:
+    """The resident weights as MLX arrays: a matrix kept in GGUF blocks (``uint8 [rows, blocks,
+    bytes]``) as ``weight`` / ``scales`` / ``biases`` of its MLX affine form (float32 scales and
+    biases, so ``d * q - 8 d`` stays exact), the rest (float32, or half-width as stored) in ``dtype``."""
+    import numpy as np
+    import torch
+
+    from runahead.models.mlx.ggufq import GGUF_QUANT, repack
+    from runahead.models.quant import stored_kind
+
+    weights: dict[str, mx.array] = {}
+    quant: dict[str, Quant] = {}
+    for key, t in torch_weights.items():
+        if t.dtype == torch.uint8:
+            kind = stored_kind(t)
+            rows, blocks, _ = t.shape
+            packed, scales, biases = repack(kind, t.numpy(), (rows, blocks * 32))
+            weights[key], weights[f"{key}.scales"], weights[f"{key}.biases"] = map(
+                mx.array, (packed, scales, biases)
+            )
+            quant[key] = Quant(GGUF_QUANT[kind][0], 32)
+        else:
+            weights[key] = _cast(mx.array(np.asarray(t.float().numpy())), dtype)
+    return weights, quant

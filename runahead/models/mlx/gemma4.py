@@ -38,7 +38,9 @@ class Gemma4MLX(MLXModel):
             ** (mx.arange(0, c.head_dim, 2, dtype=mx.float32) / c.head_dim),
             "full_attention": mx.concatenate([c.full_rope_theta**turned, still]),
         }
-        self.embed_scale = mx.array(c.hidden_size**0.5, dtype=self.weights["embed"].dtype)
+        # in the dtype the embedding's rows come in (a quantized table's: its scales', not uint32)
+        rows = self.weights.get("embed.scales", self.weights["embed"])
+        self.embed_scale = mx.array(c.hidden_size**0.5, dtype=rows.dtype)
         self.scale = 1.0  # the q/k norms set the scores' size
         mx.eval(list(self.periods.values()))
 
