@@ -84,28 +84,6 @@ WIDEN_MAX_WEIGHTS = 16 << 20
 widened for a prefill chunk; :meth:`MoEModel.dense` runs its rows through the kernel instead."""
 
 
-def _stored(weight: Tensor) -> bool:
-    """Whether a resident weight is kept as its GGUF stores it in blocks (``uint8 [rows, blocks, bytes]``)."""
-    return weight.dtype == torch.uint8
-
-
-def kept_half(key: str, weight: Tensor) -> bool:
-    """Whether the loader keeps resident matrix ``key`` as its file stores ``weight`` (bfloat16 or
-    float16) when asked to (``load_model(dense_as_stored=True)``): a :data:`DENSE_ROLES` matrix whose
-    rows the CPU kernel multiplies. Such a matrix costs half of float32's bytes in memory and in every
-    group that reads it, and never exists widened (the embedding, looked up rather than multiplied,
-    and so a tied LM head, are widened as before)."""
-    from runahead.models import qkernel
-
-    kind = qkernel.HALF_KINDS.get(weight.dtype)
-    return (
-        kind is not None
-        and key.rpartition(".")[2] in DENSE_ROLES
-        and weight.dim() == 2
-        and qkernel.multiplies(kind, [weight.shape[1]])
-    )
-
-
 class MoEModel(ModelDescription):
     """A MoE decoder split into the runtime's jobs; routed experts come from cache slots.
 
@@ -124,7 +102,7 @@ class MoEModel(ModelDescription):
         if config.tie_word_embeddings or "lm_head" not in self.weights:
             self.weights["lm_head"] = self.weights["embed"]
         any_weight = self.weights["embed"]  # kept as stored (a GGUF's blocks): float32 compute
-        self.dtype = torch.float32 if _stored(any_weight) else any_weight.dtype
+        self.dtype = torch.float32 if any_weight.dtype == torch.uint8 else any_weight.dtype
         self.device = any_weight.device
         rotary = config.rotary_dim or config.head_dim
         dims = torch.arange(0, rotary, 2, dtype=torch.float32, device=self.device)
@@ -140,12 +118,12 @@ class MoEModel(ModelDescription):
     def dense(self, x: Tensor, key: str, bias: Tensor | None = None) -> Tensor:
         """``F.linear(x, weights[key], bias)`` for a resident matrix: the projections and the LM head.
 
-        A matrix kept as stored (half-width, :func:`kept_half`; or a GGUF's Q4_0 / Q8_0 blocks,
-        ``uint8 [rows, blocks, block bytes]``: :func:`runahead.models.gguf.read_gguf`) is multiplied as
-        stored by the CPU kernel (float32 rows, at most :func:`~runahead.models.qkernel.max_rows` at
-        once), else widened for the call (a prefill chunk's rows): the same products, summed in
-        another order. A matrix whose widened copy would be large (an LM head) is never widened: its
-        rows go through the kernel a few at a time.
+        A matrix kept as stored (half-width: :func:`~runahead.models.loader.kept_half`; or a GGUF's
+        Q4_0 / Q8_0 blocks, ``uint8 [rows, blocks, block bytes]``: :func:`runahead.models.gguf.read_gguf`)
+        is multiplied as stored by the CPU kernel (float32 rows, at most
+        :func:`~runahead.models.qkernel.max_rows` at once), else widened for the call (a prefill
+        chunk's rows): the same products, summed in another order. A matrix whose widened copy would
+        be large (an LM head) is never widened: its rows go through the kernel a few at a time.
         """
         w = self.weights[key]
         if w.dtype == x.dtype:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from runahead.models import get_architecture
-from runahead.models.base import ModelLoadError, MoEConfig, MoEModel, kept_half
+from runahead.models.base import DENSE_ROLES, ModelLoadError, MoEConfig, MoEModel
 from runahead.models.layout import ExpertLayout, TensorRange, role_shape
 
 __all__ = ["ModelLoadError", "load_model", "load_reference_slot", "load_tokenizer", "read_config"]
@@ -236,6 +236,23 @@ def _checkpoint(path: str | Path) -> tuple[type[MoEModel], MoEConfig, dict[str, 
     return arch, arch.parse_config(raw), read_headers(weight_files(path))
 
 
+def kept_half(key: str, weight: torch.Tensor) -> bool:
+    """Whether the loader keeps resident matrix ``key`` as its file stores ``weight`` (bfloat16 or
+    float16) when asked to (``load_model(dense_as_stored=True)``): a :data:`DENSE_ROLES` matrix whose
+    rows the CPU kernel multiplies. Such a matrix costs half of float32's bytes in memory and in every
+    group that reads it, and never exists widened (the embedding, looked up rather than multiplied,
+    and so a tied LM head, are widened as before)."""
+    from runahead.models import qkernel
+
+    kind = qkernel.HALF_KINDS.get(weight.dtype)
+    return (
+        kind is not None
+        and key.rpartition(".")[2] in DENSE_ROLES
+        and weight.dim() == 2
+        and qkernel.multiplies(kind, [weight.shape[1]])
+    )
+
+
 def load_model(
     path: str | Path,
     device: torch.device | str = "cpu",
@@ -248,7 +265,7 @@ def load_model(
     Called once at start-up. Routed experts are not loaded; the returned :class:`ExpertLayout`
     says where each lies. Raises :class:`ModelLoadError` naming the file, tensor or key at fault.
     ``dense_as_stored`` (float32 compute on the CPU with the kernel): the half-width matrices
-    :func:`~runahead.models.base.kept_half` names stay as stored, never widened (a GGUF's Q4_0 /
+    :func:`kept_half` names stay as stored, never widened (a GGUF's Q4_0 /
     Q8_0 / F16 / BF16 ones too: :func:`runahead.models.gguf.read_gguf`).
     A ``.gguf`` file (or one part of a split one) loads through :func:`runahead.models.gguf.load_gguf`:
     its experts stay as stored (a ``stored`` layout).
