@@ -337,7 +337,10 @@ def read_gguf(
                 f"{model.path}: tensor {name}: expected shape {list(shape)}, found {list(model.shape(name))}"
             )
         undo = partial(_unconverted, hf=hf, name=name, shape=shape, raw=raw, arch=arch_name)
-        if dense_as_stored and (stored := _stored_matrix(model, key, name, shape, undo)) is not None:
+        moved = bool(q_k_permutation(name, raw)) or (
+            arch_name == gguf_qwen35.ARCH and gguf_qwen35.moves(hf, raw)
+        )
+        if dense_as_stored and (stored := _stored_matrix(model, key, name, shape, undo, moved)) is not None:
             weights[key] = stored.to(device)
             continue
         values = undo(model.dequantized(name))
@@ -372,16 +375,19 @@ def _stored_matrix(
     name: str,
     shape: tuple[int, ...],
     undo: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]],
+    moved: bool,
 ) -> torch.Tensor | None:
     """Resident matrix ``key`` as the file stores it, or None where it cannot stay so: a
     :data:`~runahead.models.base.DENSE_ROLES` matrix of a type the kernel multiplies (Q4_0 and Q8_0
     as ``uint8 [rows, blocks, block bytes]``, F16 and BF16 as such tensors) with rows of whole blocks,
     or the embedding in blocks (its rows widened as they are looked up: ``MoEModel.embedding_rows``).
 
-    The converter may have reordered it (llama's q/k rows, Qwen3.6's value heads: ``undo`` undoes
-    that on values). ``undo`` applied to the weights' *indices* says where each weight of the HF
-    matrix lies in the file; the blocks are reordered as whole blocks where every block of 32 stays
-    together (every such change is by whole rows, or by 128-column head blocks), else None.
+    Where the converter may have reordered it (llama's q/k rows, Qwen3.6's value heads), ``undo``
+    undoes that on values; applied to the weights' *indices* it says where each weight of the HF
+    matrix lies in the file, and the blocks are reordered as whole blocks where every block of 32
+    stays together (every such change is by whole rows, or by 128-column head blocks), else None.
+    Not ``moved`` (and stored in the HF matrix's shape): the file's order is the HF matrix's, and no
+    index array is made (an LM head's would take 8 bytes a weight at start-up).
     """
     from runahead.models import qkernel
     from runahead.models.base import DENSE_ROLES
@@ -391,20 +397,32 @@ def _stored_matrix(
     kind = model.kind(name)
     if kind not in qkernel.KINDS or shape[1] % qkernel.BLOCK:  # the caller knows the kernel runs
         return None
-    order = undo(np.arange(int(np.prod(shape)), dtype=np.int64).reshape(model.shape(name)))
     data = np.ascontiguousarray(model.tensors[name][1].data).view(np.uint8)
+    in_order = not moved and model.shape(name) == shape
     if kind in ("F16", "BF16"):
         if key == "embed":  # looked up, not multiplied: a half-width table would set the compute dtype
             return None
-        weights = torch.from_numpy(data.view(np.uint16).reshape(-1)[order].copy())
-        return weights.view(torch.float16 if kind == "F16" else torch.bfloat16)
+        values = data.view(np.uint16).reshape(shape)
+        if not in_order:
+            values = values.reshape(-1)[_file_order(undo, model.shape(name))]
+        return torch.from_numpy(values.copy()).view(torch.float16 if kind == "F16" else torch.bfloat16)
+    blocks = data.reshape(-1, STORED_TYPES[kind][1])
+    if in_order:
+        return torch.from_numpy(blocks.reshape(shape[0], -1, blocks.shape[1]).copy())
+    order = _file_order(undo, model.shape(name))
     firsts = order.reshape(shape[0], -1, 32)[..., 0]
     if (firsts % 32).any() or not np.array_equal(
         order.reshape((*firsts.shape, 32)), firsts[..., None] + np.arange(32)
     ):
         return None  # a change that splits blocks: widened
-    blocks = data.reshape(-1, STORED_TYPES[kind][1])
     return torch.from_numpy(blocks[firsts // 32])
+
+
+def _file_order(
+    undo: Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]], stored_shape: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
+    """Where each weight of the HF matrix lies in the file (flat indices, in the HF matrix's shape)."""
+    return undo(np.arange(math.prod(stored_shape), dtype=np.int64).reshape(stored_shape))
 
 
 def load_gguf(

@@ -43,10 +43,16 @@ def _reorder(x: Array, axis: int, groups: int, per: int, dim: int, inverse: bool
     return np.ascontiguousarray(np.moveaxis(x, 0, axis))
 
 
+def moves(name: str, config: dict[str, Any]) -> bool:
+    """Whether the converter may reorder HF tensor ``name``'s values (its value heads): only
+    linear-attention tensors, and only with more than one value head per key head."""
+    return _heads(config)[1] != 1 and "linear_attn." in name
+
+
 def _value_heads(name: str, x: Array, config: dict[str, Any], inverse: bool) -> Array:
     """The converter's value-head reordering of one linear-attention tensor (or its inverse)."""
     k, per, kd, vd = _heads(config)
-    if per == 1 or "linear_attn." not in name:
+    if not moves(name, config):
         return x
     if name.endswith("in_proj_qkv.weight") or name.endswith("conv1d.weight"):
         qk = 2 * k * kd
