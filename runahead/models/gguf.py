@@ -389,19 +389,13 @@ def _stored_matrix(
     Not ``moved`` (and stored in the HF matrix's shape): the file's order is the HF matrix's, and no
     index array is made (an LM head's would take 8 bytes a weight at start-up).
     """
-    from runahead.models import qkernel
-    from runahead.models.base import DENSE_ROLES
+    from runahead.models.quant import stays_as_stored
 
-    if key.rpartition(".")[2] not in DENSE_ROLES | {"embed"} or len(shape) != 2 or name not in model.tensors:
-        return None
-    kind = model.kind(name)
-    if kind not in qkernel.KINDS or shape[1] % qkernel.BLOCK:  # the caller knows the kernel runs
+    if name not in model.tensors or not stays_as_stored(key, kind := model.kind(name), shape):
         return None
     data = np.ascontiguousarray(model.tensors[name][1].data).view(np.uint8)
     in_order = not moved and model.shape(name) == shape
     if kind in ("F16", "BF16"):
-        if key == "embed":  # looked up, not multiplied: a half-width table would set the compute dtype
-            return None
         values = data.view(np.uint16).reshape(shape)
         if not in_order:
             values = values.reshape(-1)[_file_order(undo, model.shape(name))]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from runahead.models import get_architecture
-from runahead.models.base import DENSE_ROLES, ModelLoadError, MoEConfig, MoEModel
+from runahead.models.base import ModelLoadError, MoEConfig, MoEModel
 from runahead.models.layout import ExpertLayout, TensorRange, role_shape
 
 __all__ = ["ModelLoadError", "load_model", "load_reference_slot", "load_tokenizer", "read_config"]
@@ -238,19 +238,14 @@ def _checkpoint(path: str | Path) -> tuple[type[MoEModel], MoEConfig, dict[str, 
 
 def kept_half(key: str, weight: torch.Tensor) -> bool:
     """Whether the loader keeps resident matrix ``key`` as its file stores ``weight`` (bfloat16 or
-    float16) when asked to (``load_model(dense_as_stored=True)``): a :data:`DENSE_ROLES` matrix whose
-    rows the CPU kernel multiplies. Such a matrix costs half of float32's bytes in memory and in every
-    group that reads it, and never exists widened (the embedding, looked up rather than multiplied,
-    and so a tied LM head, are widened as before)."""
+    float16) when asked to (``load_model(dense_as_stored=True)``): where the kernel runs, the rule
+    every checkpoint shares (:func:`runahead.models.quant.stays_as_stored`). Such a matrix costs half
+    of float32's bytes in memory and in every group that reads it, and never exists widened (the
+    embedding, looked up rather than multiplied, and so a tied LM head, are widened as before)."""
     from runahead.models import qkernel
+    from runahead.models.quant import stays_as_stored
 
-    kind = qkernel.HALF_KINDS.get(weight.dtype)
-    return (
-        kind is not None
-        and key.rpartition(".")[2] in DENSE_ROLES
-        and weight.dim() == 2
-        and qkernel.multiplies(kind, [weight.shape[1]])
-    )
+    return qkernel.available() and stays_as_stored(key, qkernel.HALF_KINDS.get(weight.dtype), weight.shape)
 
 
 def load_model(

@@ -11,6 +11,7 @@ from the same file.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -83,6 +84,21 @@ def dequantize_slot(slot: Tensor, fmt: SlotFormat, dtype: torch.dtype, out: Tens
 
 BLOCK_KINDS: dict[int, str] = {STORED_TYPES[kind][1]: kind for kind in ("Q4_0", "Q8_0")}
 """Bytes per block -> block type, for a resident matrix kept as stored: ``uint8 [rows, blocks, bytes]``."""
+
+
+def stays_as_stored(key: str, kind: str | None, shape: Sequence[int]) -> bool:
+    """Whether resident tensor ``key``, stored as ``kind`` in ``shape``, may stay as its file stores it
+    on the CPU kernel path (``dense_as_stored``; the caller knows the kernel runs): a
+    :data:`~runahead.models.base.DENSE_ROLES` matrix of a type the kernel multiplies with rows of
+    whole 32-weight blocks, or the embedding in Q4_0 / Q8_0 blocks (looked up, its rows widened as
+    they are; a half-width table would set the compute dtype)."""
+    from runahead.models.base import DENSE_ROLES
+    from runahead.models.qkernel import BLOCK, KINDS
+
+    if kind not in KINDS or len(shape) != 2 or shape[1] % BLOCK:
+        return False
+    role = key.rpartition(".")[2]
+    return role in DENSE_ROLES or (role == "embed" and kind in BLOCK_KINDS.values())
 
 
 def stored_kind(matrix: Tensor) -> str:
