@@ -155,9 +155,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         else:
             dtype = resolve_dtype(dtype, device)
         if is_gguf(path):  # its experts are kept as stored: its dense matrices too, where the kernel runs
-            kernel = (
-                torch.device(device).type == "cpu" and dtype == torch.float32 and _stored_kernel_applies(path)
-            )
+            from runahead.models import qkernel
+
+            kernel = torch.device(device).type == "cpu" and dtype == torch.float32 and qkernel.available()
             model, layout = load_model(path, device=device, dtype=dtype, dense_as_stored=kernel)
             stored = _stored_slots(layout, expert_slots, torch.device(device), dtype)
         else:  # decided from the headers, so the resident matrices load as they will be kept

@@ -369,9 +369,8 @@ def _gguf_checkpoint(path: str | Path, dtype: Any) -> Checkpoint:
     from runahead.models.gguf import read_gguf
     from runahead.models.mlx.ggufq import GGUF_QUANT
 
-    arch, config, torch_weights, layout = read_gguf(
-        path, dense_as_stored=True
-    )  # as the checkpoint holds them
+    # the resident weights as the checkpoint holds them (matrices in blocks where the file has them so)
+    arch, config, torch_weights, layout = read_gguf(path, dense_as_stored=True)
     if config.model_type not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"{path}: GGUF {config.model_type} models do not run on the mlx backend yet (its GGUF "
