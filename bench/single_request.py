@@ -16,6 +16,10 @@ first rotates too): on a machine whose memory bandwidth moves by +-15% from minu
 paired ratio of each round and their median say more than the best of separate loads. With
 ``--expert-slots stored,compute`` ours runs once per way of holding the experts (bfloat16 as stored,
 or widened to float32), each its own turn. It writes OUT/same_process.json.
+
+Threads: ours computes with ``--threads`` (default ``auto``, every core but one:
+:mod:`runahead.backends.threads`), transformers with ``--peer-threads`` (default: every core,
+torch's own default); torch's count is set before each system's turn, so each runs as configured.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any
 
 import torch
 
+from runahead.backends.threads import available_cores
+from runahead.cli_args import threads as threads_arg
 from runahead.medium import medium_model
 from runahead.torchbench import TorchPoint, run_torch_point, slot_dtype, warm_resident
 
@@ -54,10 +60,15 @@ def timed_generate(
         return time.perf_counter() - start, out
 
 
-def run_transformers(path: str, dtype: torch.dtype, prompt: list[int], device: str = "cpu") -> dict[str, Any]:
+def run_transformers(
+    path: str, dtype: torch.dtype, prompt: list[int], device: str = "cpu", threads: int | None = None
+) -> dict[str, Any]:
     """tokens/s of ``generate`` (greedy, ``WARMUP + STEPS`` tokens after a warm-up call), its tokens
-    and, per step, the margin between its two largest logits."""
+    and, per step, the margin between its two largest logits (``threads``: torch's count for it)."""
     from transformers import AutoModelForCausalLM
+
+    if threads is not None:
+        torch.set_num_threads(threads)
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     model.eval()
@@ -74,7 +85,9 @@ def run_transformers(path: str, dtype: torch.dtype, prompt: list[int], device: s
     }
 
 
-def same_process(path: str, dtype: str, peer: str, rounds: int, slots: list[str]) -> dict[str, Any]:
+def same_process(
+    path: str, dtype: str, peer: str, rounds: int, slots: list[str], threads: int | str, peer_threads: int
+) -> dict[str, Any]:
     """Ours (one backend per ``expert_slots`` mode in ``slots``) and transformers' ``generate`` loaded
     once in this process, in turns of ``STEPS`` greedy tokens (after ``WARMUP``), the order rotating
     each round; per round each one's tokens/s and ours over transformers."""
@@ -89,12 +102,20 @@ def same_process(path: str, dtype: str, peer: str, rounds: int, slots: list[str]
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, peer)).eval()
     reference.generation_config.eos_token_id = None
     backends = {
-        f"ours-{mode}": TorchBackend.open(path, cache_fraction=1.0, dtype=dtype, expert_slots=mode)  # type: ignore[arg-type]
+        f"ours-{mode}": TorchBackend.open(
+            path,
+            cache_fraction=1.0,
+            dtype=dtype,
+            expert_slots=mode,  # type: ignore[arg-type]
+            threads=threads,
+        )
         for mode in slots
     }
     prompt = [5]
 
     def ours(backend: TorchBackend) -> tuple[float, list[int]]:
+        torch.set_num_threads(backend.compute_threads)
+
         async def go() -> tuple[float, list[int]]:
             runtime = await warm_resident(backend, "runahead", prompt, WARMUP)
             start = time.perf_counter()
@@ -105,6 +126,7 @@ def same_process(path: str, dtype: str, peer: str, rounds: int, slots: list[str]
         return asyncio.run(go())
 
     def theirs() -> tuple[float, list[int]]:
+        torch.set_num_threads(peer_threads)
         elapsed, out = timed_generate(reference, prompt, STEPS)
         return STEPS / elapsed, out[0, len(prompt) :].tolist()
 
@@ -125,7 +147,7 @@ def same_process(path: str, dtype: str, peer: str, rounds: int, slots: list[str]
         "compute_dtype": {name: b.compute_dtype for name, b in backends.items()},
         "slot_dtype": {name: slot_dtype(b) for name, b in backends.items()},
         "peer_dtype": peer,
-        "threads": torch.get_num_threads(),
+        "threads": {name: b.compute_threads for name, b in backends.items()} | {"transformers": peer_threads},
         "rounds": rounds,
         "tokens_per_s": turns,
         "tokens_compared": STEPS,
@@ -177,11 +199,20 @@ def main() -> None:
         help="with --same-process: ours once per mode given (comma-separated: auto, stored, compute; "
         "TorchBackend.open's expert_slots), each its own turn",
     )
+    parser.add_argument("--threads", type=threads_arg, default="auto", help="ours: compute threads (or auto)")
+    parser.add_argument(
+        "--peer-threads",
+        type=int,
+        default=available_cores(),
+        help="transformers: torch's threads (default: every core)",
+    )
     args = parser.parse_args()
     path = args.model or str(medium_model())
     if args.same_process:
         peer = args.peer_dtypes.split(",")[0]
-        result = same_process(path, args.dtype, peer, args.rounds, args.expert_slots.split(","))
+        result = same_process(
+            path, args.dtype, peer, args.rounds, args.expert_slots.split(","), args.threads, args.peer_threads
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "same_process.json").write_text(json.dumps(result, indent=1) + "\n")
         for name in result["compute_dtype"]:
@@ -203,6 +234,7 @@ def main() -> None:
         warmup_steps=WARMUP,
         preload=True,
         dtype=args.dtype,
+        threads=args.threads,
     )
     # Rounds of every system in turn, best tokens/s of each: on a shared machine a load spike hits
     # one system's run, not all of one system's runs.
@@ -213,7 +245,8 @@ def main() -> None:
         ours_runs.append(run_torch_point(point))
         for name in peers:
             dtype = getattr(torch, ours_runs[0]["compute_dtype"] if name == "auto" else name)
-            peer_runs[name].append(run_transformers(path, dtype, ours_runs[0]["prompt_0"], args.device))
+            prompt = ours_runs[0]["prompt_0"]
+            peer_runs[name].append(run_transformers(path, dtype, prompt, args.device, args.peer_threads))
     ours = max(ours_runs, key=lambda r: r["tokens_per_s"])
     rows: list[dict[str, Any]] = [
         {

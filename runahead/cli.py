@@ -59,6 +59,7 @@ def run_generate(args: argparse.Namespace) -> int:
         batch_invariant=args.batch_invariant,
         backend=args.backend,
         link_bandwidth=a.bytes_per_second(args.link_gbps),
+        threads=args.threads,
     )
     if streaming:
         print()
@@ -113,6 +114,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     store=args.store,
                     max_waiting=args.max_waiting,
                     link_bandwidth=a.bytes_per_second(args.link_gbps),
+                    threads=args.threads,
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
@@ -151,6 +153,7 @@ def run_demo(args: argparse.Namespace) -> int:
         args.repeats,
         backend=args.backend,
         dtype=args.dtype,
+        threads=args.threads,
     )
     print(format_table(rows[-2:]))
     same = len({row["token_digest"] for row in rows}) == 1
@@ -301,6 +304,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             backend=args.backend,
             expert_slots=args.expert_slots,
             link_gbps=args.link_gbps,
+            threads=args.threads,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

@@ -55,6 +55,11 @@ def integer(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def threads(text: str) -> int | str:
+    """``auto`` or a thread count >= 1."""
+    return "auto" if text == "auto" else integer(1)(text)
+
+
 def number(low: float, high: float | None = None, *, open_low: bool = False) -> Callable[[str], float]:
     """A number in ``[low, high]`` (``(low, high]`` with ``open_low``)."""
 

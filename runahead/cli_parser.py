@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--store", default="disk", choices=["disk", "host"], help="where experts are read from")
     demo.add_argument("--backend", default="torch", choices=["torch", "mlx"], help="the compute backend")
     demo.add_argument("--dtype", default="auto", choices=DTYPES, help=DTYPE_HELP)
+    _add_threads(demo)
     demo.add_argument(
         "--repeats",
         type=a.integer(1),
@@ -186,6 +187,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "that applies",
     )
     _add_link_cap(bench)
+    _add_threads(bench)
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -264,6 +266,18 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--store", default="disk", choices=["disk", "host"], help="where experts are read from"
     )
     _add_link_cap(parser)
+    _add_threads(parser)
+
+
+def _add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=a.threads,
+        default="auto",
+        metavar="N|auto",
+        help="torch on CPU: intra-op compute threads (auto: every core but one, at least one: the event "
+        "loop and the expert readers run beside the compute)",
+    )
 
 
 def _add_link_cap(parser: argparse.ArgumentParser) -> None:

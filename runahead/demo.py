@@ -25,12 +25,14 @@ def run_pairs(
     *,
     backend: str = "torch",
     dtype: str = "auto",
+    threads: int | str = "auto",
 ) -> tuple[list[dict[str, Any]], list[float]]:
     """Run ``repeats`` pairs (sync, then runahead) on ``backend`` (torch or mlx); return every row and
     each pair's tokens/s ratio.
 
     ``dtype``: the compute dtype (``auto``: timed at start on torch, :mod:`runahead.backends.dtypes`;
-    the mlx backend's own rule on mlx)."""
+    the mlx backend's own rule on mlx); ``threads``: torch's compute threads on CPU
+    (:mod:`runahead.backends.threads`)."""
     from runahead.medium import small_model
     from runahead.torchbench import TorchPoint, run_torch_point
 
@@ -51,6 +53,7 @@ def run_pairs(
                     warmup_steps=4,
                     backend=backend,
                     dtype=dtype,
+                    threads=threads,
                 )
                 pair.append(run_torch_point(point))
                 advance(len(rows) + len(pair))

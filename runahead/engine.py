@@ -113,6 +113,7 @@ class Engine:
         dtype: str = "auto",
         max_waiting: int = DEFAULT_MAX_WAITING,
         link_bandwidth: float | None = None,
+        threads: int | str = "auto",
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
@@ -128,11 +129,18 @@ class Engine:
         ``link_bandwidth`` (bytes per second): pace every expert read to a serial link of that rate
         (:class:`runahead.store.LinkCap`; the bytes still come from the store), to stand in for a
         slower device's link; a value that is not a positive number: ValueError.
+        ``threads`` (torch on CPU): torch's intra-op compute threads, a count or ``auto`` (every core
+        but one: :mod:`runahead.backends.threads`); a process-wide torch setting. MLX picks its own:
+        a count given with ``backend="mlx"`` is a ValueError.
         """
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         if backend not in ("torch", "mlx"):
             raise ValueError(f"Engine.open serves real models on the torch or mlx backend, not {backend!r}")
+        if backend == "mlx" and threads != "auto":
+            raise ValueError(
+                f"threads sets torch's compute threads; the mlx backend picks its own, got {threads}"
+            )
         from runahead.extras import needs_extras
 
         with needs_extras():
@@ -143,6 +151,7 @@ class Engine:
             else:
                 from runahead.backends.torch import TorchBackend as Real  # type: ignore[assignment]
 
+        torch_only: dict[str, Any] = {"threads": threads} if backend == "torch" else {}
         real_backend = Real.open(
             model,
             cache_fraction=cache_fraction,
@@ -151,6 +160,7 @@ class Engine:
             batch_invariant=batch_invariant,
             dtype=dtype,
             link_bandwidth=link_bandwidth,
+            **torch_only,
         )
         config = real_backend.model.config
         runtime = Runtime(

@@ -48,11 +48,12 @@ def generate(
     batch_invariant: bool = False,
     backend: str = "torch",
     link_bandwidth: float | None = None,
+    threads: int | str = "auto",
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
     With ``on_text``, the first copy's text is passed along as it is generated. ``backend``: ``torch``
-    or ``mlx``. ``link_bandwidth``: as for :meth:`runahead.engine.Engine.open`.
+    or ``mlx``. ``link_bandwidth`` and ``threads``: as for :meth:`runahead.engine.Engine.open`.
     """
     from runahead.engine import Engine
 
@@ -73,6 +74,7 @@ def generate(
             keep_records=timeline is not None,
             batch_invariant=batch_invariant,
             link_bandwidth=link_bandwidth,
+            threads=threads,
         )
         async with engine:
             ids = engine.encode(prompt)

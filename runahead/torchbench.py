@@ -46,6 +46,7 @@ class TorchPoint:
     backend: str = "torch"  # or "mlx" (the same measurement on MLX)
     expert_slots: str = "auto"  # torch: how the cache holds bf16/f16 experts (TorchBackend.open)
     link_gbps: float | None = None  # reads paced to a link of this many GB/s (store.LinkCap), or not
+    threads: int | str = "auto"  # torch on CPU: intra-op compute threads (runahead.backends.threads)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -62,6 +63,8 @@ class TorchPoint:
             raise ValueError(f"expert slots must be {choices}, got {self.expert_slots!r}")
         if self.backend != "torch" and self.expert_slots != "auto":
             raise ValueError("expert slots are chosen on the torch backend only")
+        if self.backend != "torch" and self.threads != "auto":
+            raise ValueError("compute threads are set on the torch backend only (MLX picks its own)")
         if self.link_gbps is not None and not 0 < self.link_gbps < float("inf"):
             raise ValueError(f"link cap must be a positive number of GB/s, got {self.link_gbps}")
 
@@ -104,6 +107,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         from runahead.backends.mlx import MLXBackend as opener
     else:
         from runahead.backends.torch import TorchBackend as opener
+    torch_only = {"expert_slots": point.expert_slots, "threads": point.threads}
     backend = opener.open(
         path,
         cache_fraction=point.cache_fraction,
@@ -112,7 +116,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         queue_depth=point.queue_depth,
         dtype=point.dtype,
         link_bandwidth=None if point.link_gbps is None else point.link_gbps * 1e9,
-        **({"expert_slots": point.expert_slots} if point.backend == "torch" else {}),
+        **(torch_only if point.backend == "torch" else {}),
     )
     config = backend.model.config
     runtime = Runtime(
@@ -163,6 +167,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "backend": point.backend,
         "compute_dtype": backend.compute_dtype,
         "slot_dtype": slot_dtype(backend),
+        "compute_threads": getattr(backend, "compute_threads", None),
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),

@@ -70,6 +70,8 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["bench", "--link-gbps", "inf"], "argument --link-gbps: expected a finite number, got 'inf'"),
         (["serve", "m", "--link-gbps", "-1"], "argument --link-gbps: must be > 0.0, got -1.0"),
         (["generate", "m", "--prompt", "x", "--link-gbps", "0"], "--link-gbps: must be > 0.0, got 0.0"),
+        (["bench", "--threads", "0"], "argument --threads: must be >= 1, got 0"),
+        (["serve", "m", "--threads", "two"], "argument --threads: expected an integer, got 'two'"),
         (["generate", "m", "--prompt", "x", "--temperature", "nan"], "expected a finite number, got 'nan'"),
         (
             ["bench", "--policy", "runahead/grouping=static:2:2:2", "--concurrency", "4", "--steps", "1"],

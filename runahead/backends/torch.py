@@ -40,6 +40,7 @@ from runahead.backends.common import (
     row_spans,
 )
 from runahead.backends.dtypes import resolve_dtype
+from runahead.backends.threads import use_threads
 from runahead.backends.waves import sums_with_waves
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
@@ -102,6 +103,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         self._cuda = self.slots.device.type == "cuda"
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
+        self.compute_threads = torch.get_num_threads()  # torch's intra-op threads (``open`` sets them)
 
     @classmethod
     def open(
@@ -116,6 +118,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         dtype: torch.dtype | str = torch.float32,
         expert_slots: Literal["auto", "stored", "compute"] = "auto",
         link_bandwidth: float | None = None,
+        threads: int | str = "auto",
         **options: Any,
     ) -> TorchBackend:
         """Load the Hugging Face folder (or ``.gguf`` file) ``path`` and build a backend with cache slots.
@@ -133,7 +136,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         on CPU only), ``auto`` stored wherever that applies (:func:`_stored_slots`). A GGUF's experts
         are always kept as stored. ``link_bandwidth`` (bytes per second): the store's reads are paced
         to a serial link of that rate (:class:`runahead.store.LinkCap`), a steady stand-in for a
-        device's link. ``options`` go to the constructor.
+        device's link. ``threads``: torch's intra-op threads on CPU, a count or ``auto`` (every core
+        but one: :mod:`runahead.backends.threads`; a process-wide setting, set here before anything is
+        timed or loaded). ``options`` go to the constructor.
         """
         from runahead.models import load_model
         from runahead.models.gguf import is_gguf
@@ -146,6 +151,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
         if link_bandwidth is not None:
             check_link_bandwidth(link_bandwidth)  # before the model loads
+        compute_threads = use_threads(threads, device)  # before the dtype is timed with them
         if dtype == "auto" and torch.device(device).type == "cpu":
             if _stored_kernel_applies(path):
                 dtype = torch.float32  # the stored-expert kernel multiplies float32 rows
@@ -174,7 +180,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         expert_store = make_store(
             store, layout, queue_depth=queue_depth, dtype=dtype, link_bandwidth=link_bandwidth
         )
-        return cls(model, expert_store, slots, **options)
+        backend = cls(model, expert_store, slots, **options)
+        backend.compute_threads = compute_threads
+        return backend
 
     @property
     def compute_dtype(self) -> str:
