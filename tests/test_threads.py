@@ -96,3 +96,10 @@ def test_the_command_line_takes_a_count_or_auto() -> None:
         assert parser.parse_args(argv).threads == "auto"
         assert parser.parse_args([*argv, "--threads", "3"]).threads == 3
         assert parser.parse_args([*argv, "--threads", "auto"]).threads == "auto"
+
+
+def test_an_open_that_fails_leaves_torch_s_threads_as_they_were(tmp_path: Path, torch_threads: None) -> None:
+    torch.set_num_threads(2)
+    with pytest.raises((FileNotFoundError, ValueError)):
+        TorchBackend.open(str(tmp_path / "no-such-model"), cache_slots=8, threads=1)
+    assert torch.get_num_threads() == 2

@@ -17,7 +17,9 @@ stored experts (:mod:`runahead.models.qkernel`) splits a call over the same coun
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -58,3 +60,16 @@ def use_threads(threads: int | str, device: str | torch.device) -> int:
     if count is not None and count != torch.get_num_threads():
         torch.set_num_threads(count)
     return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def threads_for(threads: int | str, device: str | torch.device) -> Iterator[int]:
+    """:func:`use_threads` for the work inside (a backend's open), yielding the count; if that work
+    fails, torch's count is put back as it was: a model that does not open changes nothing."""
+    before = torch.get_num_threads()
+    count = use_threads(threads, device)
+    try:
+        yield count
+    except BaseException:
+        torch.set_num_threads(before)
+        raise

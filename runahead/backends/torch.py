@@ -39,12 +39,11 @@ from runahead.backends.common import (
     input_tokens,
     row_spans,
 )
-from runahead.backends.dtypes import resolve_dtype
-from runahead.backends.threads import use_threads
+from runahead.backends.threads import threads_for
+from runahead.backends.torch_load import load_for_open
 from runahead.backends.waves import sums_with_waves
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.base import ExpertRows
-from runahead.models.layout import ExpertLayout
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 from runahead.store.base import check_link_bandwidth
 
@@ -133,16 +132,14 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         ``expert_slots``: how the cache holds a safetensors checkpoint's experts: ``compute`` in the
         compute dtype (widened on the way in), ``stored`` as the file stores them (bfloat16 or
         float16, half the bytes of float32, multiplied as stored by the CPU kernel: float32 compute
-        on CPU only), ``auto`` stored wherever that applies (:func:`_stored_slots`). A GGUF's experts
-        are always kept as stored. ``link_bandwidth`` (bytes per second): the store's reads are paced
+        on CPU only), ``auto`` stored wherever that applies
+        (:func:`~runahead.backends.torch_load.stored_slots`). A GGUF's experts are always kept as
+        stored. ``link_bandwidth`` (bytes per second): the store's reads are paced
         to a serial link of that rate (:class:`runahead.store.LinkCap`), a steady stand-in for a
         device's link. ``threads``: torch's intra-op threads on CPU, a count or ``auto`` (every core
         but one: :mod:`runahead.backends.threads`; a process-wide setting, set here before anything is
         timed or loaded). ``options`` go to the constructor.
         """
-        from runahead.models import load_model
-        from runahead.models.gguf import is_gguf
-        from runahead.models.loader import checkpoint_layout, model_config
         from runahead.store import SlotPool, make_store
 
         if (cache_slots is None) == (cache_fraction is None):
@@ -151,36 +148,18 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
         if link_bandwidth is not None:
             check_link_bandwidth(link_bandwidth)  # before the model loads
-        compute_threads = use_threads(threads, device)  # before the dtype is timed with them
-        if dtype == "auto" and torch.device(device).type == "cpu":
-            if _stored_kernel_applies(path):
-                dtype = torch.float32  # the stored-expert kernel multiplies float32 rows
-            else:
-                config = model_config(path)
-                dtype = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
-        else:
-            dtype = resolve_dtype(dtype, device)
-        if is_gguf(path):  # its experts are kept as stored: its dense matrices too, where the kernel runs
-            from runahead.models import qkernel
-
-            kernel = torch.device(device).type == "cpu" and dtype == torch.float32 and qkernel.available()
-            model, layout = load_model(path, device=device, dtype=dtype, dense_as_stored=kernel)
-            stored = _stored_slots(layout, expert_slots, torch.device(device), dtype)
-        else:  # decided from the headers, so the resident matrices load as they will be kept
-            stored = _stored_slots(checkpoint_layout(path), expert_slots, torch.device(device), dtype)
-            model, layout = load_model(path, device=device, dtype=dtype, dense_as_stored=stored is not None)
-        if stored is not None and not layout.stored:
-            layout = stored  # the projections and LM head are kept as the file stores them too
-            model.keep_stored(layout)
-        if cache_slots is None:
-            assert cache_fraction is not None
-            config = model.config
-            cache_slots = max(config.top_k, round(cache_fraction * config.num_layers * config.num_experts))
-        slots = SlotPool.for_layout(cache_slots, layout, dtype=dtype, device=device)
-        expert_store = make_store(
-            store, layout, queue_depth=queue_depth, dtype=dtype, link_bandwidth=link_bandwidth
-        )
-        backend = cls(model, expert_store, slots, **options)
+        with threads_for(threads, device) as compute_threads:  # set before the dtype is timed
+            model, layout, dtype = load_for_open(path, device, dtype, expert_slots)
+            if cache_slots is None:
+                assert cache_fraction is not None
+                config = model.config
+                experts = config.num_layers * config.num_experts
+                cache_slots = max(config.top_k, round(cache_fraction * experts))
+            slots = SlotPool.for_layout(cache_slots, layout, dtype=dtype, device=device)
+            expert_store = make_store(
+                store, layout, queue_depth=queue_depth, dtype=dtype, link_bandwidth=link_bandwidth
+            )
+            backend = cls(model, expert_store, slots, **options)
         backend.compute_threads = compute_threads
         return backend
 
@@ -465,59 +444,6 @@ class _Readback:
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record()
             done.synchronize()
-
-
-def _stored_kernel_applies(path: str) -> bool:
-    """Whether ``path`` is a GGUF file and the CPU kernel for stored Q4_0 / Q8_0 experts runs here."""
-    from runahead.models import qkernel
-    from runahead.models.gguf import is_gguf
-
-    return is_gguf(path) and qkernel.available()
-
-
-def _stored_slots(
-    layout: ExpertLayout, mode: str, device: torch.device, dtype: torch.dtype
-) -> ExpertLayout | None:
-    """The layout the cache slots follow for ``expert_slots=mode``: ``layout`` itself, its stored form
-    (:func:`runahead.models.layout.kept_as_stored`), or None to keep compute-dtype slots.
-
-    ``auto`` keeps half-width experts as stored where the CPU kernel multiplies them: float32 compute on
-    the CPU and the kernel built (``RUNAHEAD_QUANT_KERNEL`` not ``off``). ``stored`` raises where it
-    cannot apply, naming why; ``compute`` refuses a GGUF (its experts have no other form here).
-    """
-    from runahead.models import qkernel
-    from runahead.models.layout import EXPERT_SLOTS, HALF_WIDTH, kept_as_stored
-
-    if mode not in EXPERT_SLOTS:
-        choices = f"{', '.join(EXPERT_SLOTS[:-1])} or {EXPERT_SLOTS[-1]}"
-        raise ValueError(f"expert_slots must be {choices}, not {mode!r}")
-    if layout.stored:
-        if mode == "compute":
-            raise ValueError(
-                "a GGUF's experts are kept as stored: expert_slots=compute applies to safetensors"
-            )
-        return layout
-    if mode == "compute":
-        return None
-    why = None
-    if device.type != "cpu" or dtype != torch.float32:
-        name = str(dtype).removeprefix("torch.")
-        why = f"the compute is {name} on {device.type} (needs float32 on the CPU)"
-    elif (stored := kept_as_stored(layout)) is None:
-        found = sorted({r.dtype for ranges in layout.ranges.values() for r in ranges})
-        why = f"the experts are {'/'.join(found)} (needs all {' or all '.join(HALF_WIDTH)}, no biases)"
-    elif layout.hidden_size % qkernel.BLOCK or layout.intermediate_size % qkernel.BLOCK:
-        why = (
-            f"the kernel takes rows of whole {qkernel.BLOCK}-weight blocks, not the experts' "
-            f"{layout.hidden_size} and {layout.intermediate_size}"
-        )
-    elif not qkernel.available():
-        why = "the CPU kernel does not run here (RUNAHEAD_QUANT_KERNEL=off, or no C compiler)"
-    if why is None:
-        return stored
-    if mode == "stored":
-        raise ValueError(f"expert_slots=stored does not apply: {why}")
-    return None
 
 
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,97 @@
+"""What :meth:`runahead.backends.torch.TorchBackend.open` loads and how its cache holds the experts:
+the compute dtype resolved, the model read (a Hugging Face folder or a GGUF file), and the layout the
+cache slots follow (the file's own form where the CPU kernel multiplies it, else the compute dtype)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runahead.backends.dtypes import resolve_dtype
+from runahead.models.layout import ExpertLayout
+
+
+def load_for_open(
+    path: str, device: str, dtype: torch.dtype | str, expert_slots: str
+) -> tuple[Any, ExpertLayout, torch.dtype]:
+    """The model, its experts' layout and the compute dtype for :meth:`TorchBackend.open` (its
+    ``dtype`` resolved: ``auto`` timed on CPU with the compute threads already set)."""
+    from runahead.models import load_model
+    from runahead.models.gguf import is_gguf
+    from runahead.models.loader import checkpoint_layout, model_config
+
+    on_cpu = torch.device(device).type == "cpu"
+    if dtype == "auto" and on_cpu and stored_kernel_applies(path):
+        compute = torch.float32  # the stored-expert kernel multiplies float32 rows
+    elif dtype == "auto" and on_cpu:
+        config = model_config(path)
+        compute = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
+    else:
+        compute = resolve_dtype(dtype, device)
+    if is_gguf(path):  # its experts are kept as stored: its dense matrices too, where the kernel runs
+        from runahead.models import qkernel
+
+        kernel = on_cpu and compute == torch.float32 and qkernel.available()
+        model, layout = load_model(path, device=device, dtype=compute, dense_as_stored=kernel)
+        stored = stored_slots(layout, expert_slots, torch.device(device), compute)
+    else:  # decided from the headers, so the resident matrices load as they will be kept
+        stored = stored_slots(checkpoint_layout(path), expert_slots, torch.device(device), compute)
+        model, layout = load_model(path, device=device, dtype=compute, dense_as_stored=stored is not None)
+    if stored is not None and not layout.stored:
+        layout = stored  # the projections and LM head are kept as the file stores them too
+        model.keep_stored(layout)
+    return model, layout, compute
+
+
+def stored_kernel_applies(path: str) -> bool:
+    """Whether ``path`` is a GGUF file and the CPU kernel for stored Q4_0 / Q8_0 experts runs here."""
+    from runahead.models import qkernel
+    from runahead.models.gguf import is_gguf
+
+    return is_gguf(path) and qkernel.available()
+
+
+def stored_slots(
+    layout: ExpertLayout, mode: str, device: torch.device, dtype: torch.dtype
+) -> ExpertLayout | None:
+    """The layout the cache slots follow for ``expert_slots=mode``: ``layout`` itself, its stored form
+    (:func:`runahead.models.layout.kept_as_stored`), or None to keep compute-dtype slots.
+
+    ``auto`` keeps half-width experts as stored where the CPU kernel multiplies them: float32 compute on
+    the CPU and the kernel built (``RUNAHEAD_QUANT_KERNEL`` not ``off``). ``stored`` raises where it
+    cannot apply, naming why; ``compute`` refuses a GGUF (its experts have no other form here).
+    """
+    from runahead.models import qkernel
+    from runahead.models.layout import EXPERT_SLOTS, HALF_WIDTH, kept_as_stored
+
+    if mode not in EXPERT_SLOTS:
+        choices = f"{', '.join(EXPERT_SLOTS[:-1])} or {EXPERT_SLOTS[-1]}"
+        raise ValueError(f"expert_slots must be {choices}, not {mode!r}")
+    if layout.stored:
+        if mode == "compute":
+            raise ValueError(
+                "a GGUF's experts are kept as stored: expert_slots=compute applies to safetensors"
+            )
+        return layout
+    if mode == "compute":
+        return None
+    why = None
+    if device.type != "cpu" or dtype != torch.float32:
+        name = str(dtype).removeprefix("torch.")
+        why = f"the compute is {name} on {device.type} (needs float32 on the CPU)"
+    elif (stored := kept_as_stored(layout)) is None:
+        found = sorted({r.dtype for ranges in layout.ranges.values() for r in ranges})
+        why = f"the experts are {'/'.join(found)} (needs all {' or all '.join(HALF_WIDTH)}, no biases)"
+    elif layout.hidden_size % qkernel.BLOCK or layout.intermediate_size % qkernel.BLOCK:
+        why = (
+            f"the kernel takes rows of whole {qkernel.BLOCK}-weight blocks, not the experts' "
+            f"{layout.hidden_size} and {layout.intermediate_size}"
+        )
+    elif not qkernel.available():
+        why = "the CPU kernel does not run here (RUNAHEAD_QUANT_KERNEL=off, or no C compiler)"
+    if why is None:
+        return stored
+    if mode == "stored":
+        raise ValueError(f"expert_slots=stored does not apply: {why}")
+    return None
