@@ -15,11 +15,13 @@ from runahead import cli_args as a
 from runahead.models.layout import EXPERT_SLOTS
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
-"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA; on CPU the faster of
-float32 and bfloat16 at the model's shapes, timed once at start: :mod:`runahead.backends.dtypes`)."""
+"""Compute and cache dtypes of the torch backend (``auto``: bfloat16 on CUDA; on CPU float32 where the
+CPU kernel takes the experts as stored, else the faster of float32 and bfloat16 at the model's
+shapes, timed once at start: :mod:`runahead.backends.torch_load`, :mod:`runahead.backends.dtypes`)."""
 
 DTYPE_HELP = (
-    "compute and cache dtype (auto: bfloat16 on CUDA; on CPU the faster of float32 and bfloat16, timed)"
+    "compute and cache dtype (auto: bfloat16 on CUDA; on CPU float32 where the CPU kernel takes the "
+    "experts as stored, else the faster of float32 and bfloat16, timed)"
 )
 
 MODEL_HELP = "a Hugging Face folder, or a model built once under $RUNAHEAD_CACHE: 'small' or 'medium'"

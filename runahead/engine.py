@@ -123,8 +123,9 @@ class Engine:
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with.
-        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA; on CPU the faster of float32
-        and bfloat16 at the model's shapes, timed once per process). An unknown name: ValueError.
+        ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA; on CPU float32 where the CPU
+        kernel multiplies the experts as stored (a GGUF, a bf16/f16 checkpoint), else the faster of
+        float32 and bfloat16 at the model's shapes, timed once per process). An unknown name: ValueError.
         ``max_waiting``: requests that may wait beyond the running ones (:meth:`submit`).
         ``link_bandwidth`` (bytes per second): pace every expert read to a serial link of that rate
         (:class:`runahead.store.LinkCap`; the bytes still come from the store), to stand in for a

@@ -143,3 +143,40 @@ def test_the_papers_architectures_in_bfloat16_give_transformers_tokens(arch: str
         found = compare_with_transformers(path, policy=policy, slots=6)
         assert found["tokens_equal"], (policy, found)
         assert found["logit_error"] < 1e-4, (policy, found)
+
+
+@needs_kernel
+def test_auto_computes_in_float32_where_the_kernel_takes_the_experts_as_stored(
+    half_model: tuple[Path, str], monkeypatch: Any
+) -> None:
+    """``dtype="auto"`` on CPU: float32 with the experts as stored wherever the kernel multiplies them,
+    whatever the timed dtype race would say (it is rigged for bfloat16 here); with compute-dtype slots
+    asked for, the race decides."""
+    from runahead.backends import torch_load
+
+    path, kind = half_model
+    monkeypatch.setattr(torch_load, "resolve_dtype", lambda *_args, **_kw: torch.bfloat16)
+    backend = TorchBackend.open(str(path), cache_slots=16, dtype="auto")
+    try:
+        assert backend.compute_dtype == "float32"
+        assert {part.kind for fmt in backend.model.slot_formats.values() for part in fmt.parts} == {kind}
+    finally:
+        backend.close()
+    backend = TorchBackend.open(str(path), cache_slots=16, dtype="auto", expert_slots="compute")
+    try:
+        assert backend.compute_dtype == "bfloat16" and backend.model.slot_formats is None
+    finally:
+        backend.close()
+
+
+def test_a_float32_checkpoint_is_left_to_the_timed_dtype(tmp_path: Path, monkeypatch: Any) -> None:
+    from runahead.backends import torch_load
+
+    path = build_tiny_model("qwen3_moe", tmp_path)  # float32 experts: nothing to keep as stored
+    assert not torch_load.stored_kernel_applies(str(path))
+    monkeypatch.setattr(torch_load, "resolve_dtype", lambda *_args, **_kw: torch.bfloat16)
+    backend = TorchBackend.open(str(path), cache_slots=16, dtype="auto")
+    try:
+        assert backend.compute_dtype == "bfloat16"
+    finally:
+        backend.close()

@@ -22,7 +22,7 @@ def load_for_open(
     from runahead.models.loader import checkpoint_layout, model_config
 
     on_cpu = torch.device(device).type == "cpu"
-    if dtype == "auto" and on_cpu and stored_kernel_applies(path):
+    if dtype == "auto" and on_cpu and expert_slots != "compute" and stored_kernel_applies(path):
         compute = torch.float32  # the stored-expert kernel multiplies float32 rows
     elif dtype == "auto" and on_cpu:
         config = model_config(path)
@@ -45,11 +45,27 @@ def load_for_open(
 
 
 def stored_kernel_applies(path: str) -> bool:
-    """Whether ``path`` is a GGUF file and the CPU kernel for stored Q4_0 / Q8_0 experts runs here."""
+    """Whether float32 compute on this CPU would multiply ``path``'s experts as the file stores them
+    (the kernel of :mod:`runahead.models.qkernel` runs here, and the file is a GGUF, or a safetensors
+    checkpoint whose experts :func:`stored_slots` keeps as stored: all bf16 or all f16).
+
+    NOTE (why ``auto`` then computes in float32, even on a CPU whose bfloat16 products are faster).
+    The kernel runs a group's experts in two calls on their stored bytes; a bfloat16 compute runs torch's
+    products expert by expert, several op calls each. On an AVX-512 BF16 EPYC, where one torch bf16
+    product takes half the kernel's time, the medium model decoded one request 1.25x faster this way
+    (12.1 against 9.7 tok/s, and token for token transformers' float32 output) and eight 5-11% faster
+    (docs/results-torch.md, "Compute threads"); a long prompt's many rows per expert leave the kernel
+    for dequantize-then-matmul, where bfloat16 would be faster: ``dtype="bfloat16"`` chooses that.
+    """
     from runahead.models import qkernel
     from runahead.models.gguf import is_gguf
+    from runahead.models.loader import checkpoint_layout
 
-    return is_gguf(path) and qkernel.available()
+    if not qkernel.available():
+        return False
+    if is_gguf(path):
+        return True
+    return stored_slots(checkpoint_layout(path), "auto", torch.device("cpu"), torch.float32) is not None
 
 
 def stored_slots(
