@@ -54,9 +54,10 @@ def stored_kernel_applies(path: str) -> bool:
     products expert by expert, several op calls each. On an AVX-512 BF16 EPYC, where one torch bf16
     product takes half the kernel's time, the medium model decoded one request 1.25x faster this way
     (12.1 against 9.7 tok/s, and token for token transformers' float32 output) and eight requests
-    faster (sync 7-11%, runahead 5-6%; docs/results-torch.md, "Compute threads"). A long prompt's
-    many rows per expert leave the kernel for dequantize-then-matmul, where bfloat16 would be
-    faster: ``dtype="bfloat16"`` chooses that.
+    faster (sync 7-11%, runahead 5-6%; docs/results-torch.md, "Compute threads"). A prompt's many
+    rows per expert leave the kernel for dequantize-then-matmul, where bfloat16 is faster (a
+    512-token prompt took 1.5x as long there): for long prompts and short answers
+    ``dtype="bfloat16"`` is the better choice.
     """
     from runahead.models import qkernel
     from runahead.models.gguf import is_gguf
