@@ -56,7 +56,7 @@ def stored_kernel_applies(path: str) -> bool:
     (12.1 against 9.7 tok/s, and token for token transformers' float32 output) and eight requests
     faster (sync 7-11%, runahead 5-6%; docs/results-torch.md, "Compute threads"). A prompt's many
     rows per expert leave the kernel for dequantize-then-matmul, where bfloat16 is faster (a
-    512-token prompt took 1.5x as long there): for long prompts and short answers
+    512-token prompt took 1.5-1.9x as long there): for long prompts and short answers
     ``dtype="bfloat16"`` is the better choice.
     """
     from runahead.models import qkernel
