@@ -28,6 +28,15 @@
 
 static const int64_t BLOCK_BYTES[4] = {18, 34, 64, 64}; /* bytes per 32 weights, by kind */
 #define THREAD_BYTES (4 << 20)                                  /* weights read per thread started */
+/* How far ahead of the rows being multiplied their matrix is prefetched into L2. A few-row product reads
+ * each weight once and does little with it: without this, one core waits on memory for most of the call
+ * (the medium model's bf16 gate|up [1024, 1024] times one row on a Zen 4 core: 0.36 ms from DRAM against
+ * 0.11 from L3, 0.15-0.18 from DRAM with this). Into L2, not L1: prefetches into L1 hold the few L1 miss
+ * buffers and gained a fifth as much (docs/results-torch.md, "The kernel's reads prefetched"). */
+#define PREFETCH_BYTES (32 << 10)
+
+/* Rows of a matrix with rows of `stride` bytes that PREFETCH_BYTES spans (at least one). */
+static inline int64_t rows_ahead(int64_t stride) { return stride >= PREFETCH_BYTES ? 1 : PREFETCH_BYTES / stride; }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -90,6 +99,7 @@ static inline __attribute__((always_inline)) void outputs(int kind, const uint8_
                                                           const int rows, int64_t n, int64_t k, int64_t i,
                                                           const int outs) {
     const int64_t blocks = k / 32, block_bytes = BLOCK_BYTES[kind], stride = blocks * block_bytes;
+    const uint8_t *ahead = w + rows_ahead(stride) * stride; /* never dereferenced: prefetches do not fault */
     __m256 acc[4][ROWS];
     for (int o = 0; o < outs; o++)
         for (int r = 0; r < rows; r++) acc[o][r] = _mm256_setzero_ps();
@@ -97,6 +107,7 @@ static inline __attribute__((always_inline)) void outputs(int kind, const uint8_
         const float *xb = x + b * 32;
         for (int o = 0; o < outs; o++) {
             __m256 wv[4];
+            _mm_prefetch((const char *)(ahead + (i + o) * stride + b * block_bytes), _MM_HINT_T1);
             block_weights(kind, w + (i + o) * stride + b * block_bytes, wv);
             for (int r = 0; r < rows; r++) {
                 const float *xr = xb + r * k;
@@ -158,12 +169,13 @@ static inline float bfloat_to_float(uint16_t h) { /* bfloat16 is float32's top h
 
 static void product(int kind, const uint8_t *w, const float *x, float *y, int rows, int64_t n, int64_t k,
                     int64_t i0, int64_t i1) {
-    const int64_t blocks = k / 32, block_bytes = BLOCK_BYTES[kind];
+    const int64_t blocks = k / 32, block_bytes = BLOCK_BYTES[kind], ahead = rows_ahead(blocks * block_bytes);
     for (int64_t i = i0; i < i1; i++) {
         float acc[ROWS][8];
         memset(acc, 0, sizeof acc);
         const uint8_t *block = w + i * blocks * block_bytes;
         for (int64_t b = 0; b < blocks; b++, block += block_bytes) {
+            __builtin_prefetch(block + ahead * blocks * block_bytes, 0, 2); /* into L2, as the AVX2 body */
             float wb[32];
             uint16_t half;
             if (kind >= 2) { /* 32 half-width weights, no scale */
