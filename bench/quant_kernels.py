@@ -16,9 +16,14 @@ of ``--repeat``, rotating over ``--experts`` distinct slots so the quantized byt
 - ``compiled``: the fast dequantizer under ``torch.compile`` (with ``--compile``; its compile time
   is reported)
 - ``qkernel``: the products on the stored bytes (``runahead.models.qkernel``), no dequantized copy;
-  ``qkernel-portable``: the same with the kernel's portable C build (what arm64 CPUs run)
+  ``qkernel-portable``: the same with the kernel's portable C build (what arm64 CPUs run);
+  ``qkernel-against``: the same with the build of another ``qkernel.c`` (``--against FILE``, e.g. an
+  earlier commit's: ``git show ce0c81e~1:runahead/models/qkernel.c > /tmp/before.c``)
 
-    PYTHONPATH=$PWD python bench/quant_kernels.py [--rows 1,2,4,8] [--repeat 30] [--out FILE]
+``--kinds`` takes ``Q4_0``, ``Q8_0`` and ``BF16`` (a bf16 checkpoint's experts as stored; only the current
+dequantizer applies to it).
+
+    PYTHONPATH=$PWD python bench/quant_kernels.py [--rows 1,2,4,8] [--repeat 30] [--against FILE] [--out FILE]
 """
 
 from __future__ import annotations
@@ -158,7 +163,9 @@ def run_int4(packed: list[tuple[Tensor, Tensor]], x: Tensor) -> Tensor:
     return mm(h.contiguous(), d, 32, ds)  # type: ignore[no-any-return]
 
 
-def run_qkernel(slot: Tensor, fmt: SlotFormat, x: Tensor, build: str | None = None) -> Tensor:
+def run_qkernel(
+    slot: Tensor, fmt: SlotFormat, x: Tensor, build: str | tuple[str, Path] | None = None
+) -> Tensor:
     """The expert on the stored bytes (``runahead.models.qkernel``) as ``MoEModel.stored_experts`` runs it."""
     kind, span, base = fmt.parts[0].kind, [(0, x.shape[0])], slot.data_ptr()
     gate_up = qkernel.grouped_product(x, [base], span, kind, 2 * INTER, build=build)
@@ -178,7 +185,9 @@ def timed_ms(fn: Callable[[int], Any], repeat: int) -> tuple[float, float]:
     return 1e3 * statistics.median(times), 1e3 * min(times)
 
 
-def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: bool) -> list[dict[str, Any]]:
+def measure(
+    kind: str, rows: list[int], repeat: int, experts: int, compile_too: bool, against: Path | None = None
+) -> list[dict[str, Any]]:
     """One table row per row count (each option's median ms and max difference), then one of extras."""
     rng = np.random.default_rng(0)
     made = [make_slot(kind, rng) for _ in range(experts)]
@@ -188,7 +197,12 @@ def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: 
     reference = [dequant_current(s, fmt, torch.empty(numel)).clone() for s in slots]
     inputs = {r: torch.randn(r, HIDDEN) for r in rows}
     expected = {r: run_expert(reference[0], x) for r, x in inputs.items()}
-    dequantizers = {n: dq for n, dq in DEQUANTIZERS.items() if n != "lut" or kind == "Q4_0"}
+    quantized = kind in ("Q4_0", "Q8_0")
+    dequantizers = {
+        n: dq
+        for n, dq in DEQUANTIZERS.items()
+        if n == "current" or (quantized and (n != "lut" or kind == "Q4_0"))
+    }
     options: dict[str, Callable[[int, Tensor], Tensor]] = {
         "f32-resident": lambda i, x: run_expert(reference[i % experts], x)
     }
@@ -198,6 +212,9 @@ def measure(kind: str, rows: list[int], repeat: int, experts: int, compile_too: 
         options["qkernel"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x)
     if qkernel.load("portable") is not None:
         options["qkernel-portable"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x, "portable")
+    if against is not None and qkernel.load(qkernel.variant() or "portable", against) is not None:
+        other = (qkernel.variant() or "portable", against)
+        options["qkernel-against"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x, other)
     extra: dict[str, Any] = {"kind": kind, "threads": torch.get_num_threads()}
     if kind == "Q4_0":
         start = time.perf_counter()
@@ -243,6 +260,7 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="also time the dequantizer under torch.compile"
     )
+    parser.add_argument("--against", type=Path, help="another qkernel.c to time beside this one")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.threads:
@@ -252,7 +270,7 @@ def main() -> None:
     results = [
         r
         for kind in args.kinds.split(",")
-        for r in measure(kind, rows, args.repeat, args.experts, args.compile)
+        for r in measure(kind, rows, args.repeat, args.experts, args.compile, args.against)
     ]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

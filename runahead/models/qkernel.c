@@ -32,7 +32,7 @@ static const int64_t BLOCK_BYTES[4] = {18, 34, 64, 64}; /* bytes per 32 weights,
  * each weight once and does little with it: without this, one core waits on memory for most of the call
  * (the medium model's bf16 gate|up [1024, 1024] times one row on a Zen 4 core: 0.36 ms from DRAM against
  * 0.11 from L3, 0.15-0.18 from DRAM with this). Into L2, not L1: prefetches into L1 hold the few L1 miss
- * buffers and gained a fifth as much (docs/results-torch.md, "The kernel's reads prefetched"). */
+ * buffers and gained less than half as much (docs/results-torch.md, "The kernel's reads prefetched"). */
 #define PREFETCH_BYTES (32 << 10)
 
 /* Rows of a matrix with rows of `stride` bytes that PREFETCH_BYTES spans (at least one). */

@@ -94,16 +94,17 @@ def grouped_product(
     kind: str,
     n: int,
     *,
-    build: str | None = None,
+    build: str | tuple[str, Path] | None = None,
 ) -> Tensor:
     """``y [P, n]``: rows ``start:stop`` of ``x [P, K]`` (float32, CPU) times matrix ``[n, K]`` stored as
     ``kind`` at address ``matrices[s]`` (a slot's ``data_ptr()`` plus the part's byte offset), for
     each ``(start, stop)`` of ``spans``; rows in no span are zero.
 
     The matrices must stay alive (their slots pinned) for the call; ``K`` must be whole 32-weight blocks.
-    ``build`` names a build to use instead of the one chosen for this CPU (:func:`load`; benchmarks).
+    ``build`` names a build to use instead of the one chosen for this CPU, or a build and another
+    source file to compile it from (:func:`load`; benchmarks that compare kernels).
     """
-    library = _library() if build is None else load(build)
+    library = _library() if build is None else load(build) if isinstance(build, str) else load(*build)
     if library is None:
         raise RuntimeError("the quantized product kernel is not available on this machine")
     if kind not in KINDS:
@@ -152,15 +153,16 @@ def _library() -> _Library | None:
 
 
 @functools.cache
-def load(name: str) -> _Library | None:
+def load(name: str, source: Path = SOURCE) -> _Library | None:
     """The ``name`` build (``"avx2"`` or ``"portable"``), compiled on first use; None if it cannot be built.
 
-    For benchmarks that compare the builds; the runtime uses the one chosen for the CPU.
+    For benchmarks that compare the builds, or another ``source`` of the same C interface (an earlier
+    commit's ``qkernel.c``); the runtime uses the one chosen for the CPU from :data:`SOURCE`.
     """
     if name not in BUILDS:
         raise ValueError(f"kernel builds are {', '.join(BUILDS)}, not {name!r}")
     try:
-        library = _Library(str(_build((*FLAGS, *BUILDS[name]))))
+        library = _Library(str(_build((*FLAGS, *BUILDS[name]), source)))
     except (OSError, subprocess.SubprocessError) as error:
         log.info("quantized product kernel off: build failed (%s); stored experts are dequantized", error)
         return None
@@ -186,11 +188,11 @@ def _lacks_avx2() -> str | None:
     return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
 
 
-def _build(flags: Sequence[str]) -> Path:
-    """The shared library for the current source and ``flags``, compiled once per cache directory."""
+def _build(flags: Sequence[str], source: Path = SOURCE) -> Path:
+    """The shared library for ``source`` and ``flags``, compiled once per cache directory."""
     compiler = os.environ.get("RUNAHEAD_CC", "cc")
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *flags)).encode()).hexdigest()[:16]
+    text = source.read_bytes()
+    digest = hashlib.sha256(text + " ".join((compiler, *flags)).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("RUNAHEAD_CACHE", Path.home() / ".cache" / "runahead")) / "kernels"
     target = cache / f"qkernel-{digest}.so"
     if target.exists():
@@ -198,7 +200,7 @@ def _build(flags: Sequence[str]) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         built = Path(scratch) / target.name
-        command = [compiler, *flags, str(SOURCE), "-o", str(built)]
+        command = [compiler, *flags, str(source), "-o", str(built)]
         subprocess.run(command, check=True, capture_output=True, timeout=120)
         os.replace(built, target)  # atomic: a concurrent build of the same source writes the same file
     return target
