@@ -42,6 +42,9 @@ def _matrix(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.T
     scales = np.exp(4 * rng.standard_normal((n, 1))).astype(np.float32)
     scales[0] = 1e-6  # a subnormal fp16 block scale
     matrix = rng.standard_normal((n, k), dtype=np.float32) * scales
+    if kind == "F32":
+        full = torch.from_numpy(matrix)
+        return full.view(torch.uint8).reshape(-1).clone(), full
     if kind in HALF:
         half = torch.from_numpy(np.minimum(np.abs(matrix), 6e4) * np.sign(matrix)).to(HALF[kind])
         return half.view(torch.uint8).reshape(-1).clone(), half.float()
@@ -63,7 +66,7 @@ def test_dequantize_equals_the_gguf_packages_dequantizer_bit_for_bit(kind: str) 
 @needs_kernel
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "BF16", "F16"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "BF16", "F16", "F32"])
 def test_grouped_product_equals_the_dequantized_product(kind: str, threads: int, build: str | None) -> None:
     n, k = 46, 96  # outputs not whole 32-output units nor whole passes of 4; 3 blocks per row
     spans = [(0, 1), (1, 12), (12, 16)]  # 11 rows: more than the kernel's 8 at once

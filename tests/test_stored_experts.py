@@ -180,3 +180,33 @@ def test_a_float32_checkpoint_is_left_to_the_timed_dtype(tmp_path: Path, monkeyp
         assert backend.compute_dtype == "bfloat16"
     finally:
         backend.close()
+
+
+@needs_kernel
+@pytest.mark.parametrize("policy", ["sync", "runahead"])
+def test_a_float32_checkpoints_experts_run_through_the_kernel_and_give_transformers_tokens(
+    tmp_path: Path, policy: str, monkeypatch: Any
+) -> None:
+    """float32 experts (no conversion) take the kernel's prefetched pass, one call per group, not torch's
+    products expert by expert; the tokens stay transformers' float32 ones, and the per-expert torch
+    path agrees with it to float32 rounding."""
+    path = build_tiny_model("qwen3_moe", tmp_path / "f32", moe_intermediate_size=WIDTH)
+    model, layout = load_model(path)
+    assert model.slot_formats is None  # compute-dtype slots: the flat float32 gate | up | down
+    assert model._kernel_layout(1, torch.float32) == (qkernel.FLOAT32, 0, 2 * WIDTH * HIDDEN * 4)
+    assert model._kernel_layout(1, torch.bfloat16) is None  # a bf16 compute's slots: torch's products
+    c = model.config
+    torch.manual_seed(0)
+    hidden = torch.randn(12, c.hidden_size)
+    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(12)])
+    weights = torch.softmax(torch.randn(12, c.top_k), dim=-1)
+    experts = {e: load_reference_slot(layout, 1, e) for e in range(c.num_experts)}
+    kernel = model.moe_partial(1, hidden, ids, weights, experts)
+    with monkeypatch.context() as patch:
+        patch.setattr(qkernel, "multiplies_float32", lambda lengths: False)
+        assert model._kernel_layout(1, torch.float32) is None
+        torch_path = model.moe_partial(1, hidden, ids, weights, experts)
+    assert (kernel - torch_path).abs().max().item() < 1e-5
+    found = compare_with_transformers(path, policy=policy, slots=6)
+    assert found["tokens_equal"], found
+    assert found["logit_error"] < 1e-4, found

@@ -358,8 +358,9 @@ class MoEModel(ModelDescription):
     def stored_experts(
         self, layer: int, rows: Tensor, spans: Sequence[tuple[int, int, int]], experts: Mapping[int, Tensor]
     ) -> Tensor | None:
-        """Every expert of a group straight from its stored slot (Q4_0, Q8_0, BF16, F16), or None where
-        this does not apply (then :meth:`moe_partial` dequantizes each expert and calls :meth:`run_expert`).
+        """Every expert of a group straight from its stored slot (Q4_0, Q8_0, BF16, F16) or its float32
+        compute-dtype slot, or None where this does not apply (then :meth:`moe_partial` dequantizes
+        each expert and calls :meth:`run_expert`).
 
         ``rows``: the group's rows in expert order, ``spans``: ``(expert, start, stop)`` runs of them.
         On CPU, for float32 rows and a layer whose ``gate``, ``up``, ``down`` share one such type, the
@@ -368,21 +369,22 @@ class MoEModel(ModelDescription):
         and no float32 copy of the experts. An expert with more than :func:`~runahead.models.qkernel.max_rows`
         rows (a prefill chunk's) is dequantized and multiplied by torch instead, which is faster there.
         """
-        kind = self._stored_kind(layer)
-        if kind is None or rows.device.type != "cpu" or rows.dtype != torch.float32:
+        if rows.device.type != "cpu" or rows.dtype != torch.float32 or not spans:
+            return None
+        layout = self._kernel_layout(layer, experts[spans[0][0]].dtype)
+        if layout is None:
             return None
         from runahead.models.qkernel import grouped_product, max_rows
 
+        kind, gate_at, down_at = layout
         limit = max_rows()
-        assert self.slot_formats is not None
-        gate, _, down = self.slot_formats[layer].parts
         inter, width = self.config.intermediate_size, self.config.hidden_size
         few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= limit]
         if few:
             runs = [(start, stop) for _, start, stop in few]
-            gate_up = grouped_product(rows, [slot + gate.start for slot, _, _ in few], runs, kind, 2 * inter)
+            gate_up = grouped_product(rows, [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter)
             hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
-            out = grouped_product(hidden, [slot + down.start for slot, _, _ in few], runs, kind, width)
+            out = grouped_product(hidden, [slot + down_at for slot, _, _ in few], runs, kind, width)
         else:
             out = torch.empty(rows.shape[0], width)
         for expert, start, stop in spans:
@@ -390,6 +392,33 @@ class MoEModel(ModelDescription):
                 weights = self.expert_weights(layer, experts[expert], rows.dtype)
                 out[start:stop] = self.run_expert(weights, rows[start:stop])
         return out
+
+    def _kernel_layout(self, layer: int, slot_dtype: torch.dtype) -> tuple[str, int, int] | None:
+        """``(kind, gate | up byte offset, down byte offset)`` of ``layer``'s slots for the CPU kernel, or
+        None where it does not apply: a stored slot of one kernel type (:meth:`_stored_kind`), or a
+        float32 compute-dtype slot (a float32 checkpoint's experts: ``gate | up | down`` back to back)
+        of a model whose experts are :meth:`run_expert`'s (not gpt-oss's, with biases and clamps)."""
+        from runahead.models import qkernel
+
+        kind = self._stored_kind(layer)
+        if kind is not None:
+            assert self.slot_formats is not None
+            gate, _, down = self.slot_formats[layer].parts
+            return kind, gate.start, down.start
+        c = self.config
+        if type(self).run_expert is not MoEModel.run_expert:
+            return None
+        if not qkernel.multiplies_float32((c.hidden_size, c.intermediate_size)):
+            return None
+        if self.slot_formats is not None:  # float32 as stored: a float32 checkpoint, a GGUF F32
+            parts = self.slot_formats[layer].parts
+            roles = tuple(p.role for p in parts) == ("gate", "up", "down")
+            if not roles or any(p.kind != qkernel.FLOAT32 for p in parts):
+                return None
+            return qkernel.FLOAT32, parts[0].start, parts[2].start
+        if slot_dtype != torch.float32:
+            return None
+        return qkernel.FLOAT32, 0, 2 * c.intermediate_size * c.hidden_size * 4
 
     def _stored_kind(self, layer: int) -> str | None:
         """The one kernel type (:data:`~runahead.models.qkernel.KINDS`) of ``layer``'s ``gate | up | down``

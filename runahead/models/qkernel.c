@@ -1,4 +1,5 @@
-/* Products of float32 rows with Q4_0 / Q8_0 / BF16 / F16 matrices, read as the file stores them
+/* Products of float32 rows with Q4_0 / Q8_0 / BF16 / F16 matrices, read as the file stores them, and
+ * with float32 matrices (a float32 checkpoint's experts: the same prefetched pass, one call per group)
  * (runahead.models.qkernel).
  *
  * y[r, i] = sum_k x[r, k] * w[i, k], w[i, k] = d * q exactly as ggml dequantizes it (d the block's fp16 scale
@@ -26,7 +27,7 @@
 #define ROWS 8   /* rows sharing one pass over a matrix row */
 #define CHUNK 32 /* outputs per unit of work */
 
-static const int64_t BLOCK_BYTES[4] = {18, 34, 64, 64}; /* bytes per 32 weights, by kind */
+static const int64_t BLOCK_BYTES[5] = {18, 34, 64, 64, 128}; /* bytes per 32 weights, by kind */
 #define THREAD_BYTES (4 << 20)                                  /* weights read per thread started */
 /* How far ahead of the rows being multiplied their matrix is prefetched into L2. A few-row product reads
  * each weight once and does little with it: without this, one core waits on memory for most of the call
@@ -44,7 +45,7 @@ static inline int64_t rows_ahead(int64_t stride) { return stride >= PREFETCH_BYT
 #endif
 
 typedef struct {
-    int kind; /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks), 2: BF16, 3: F16 (64-byte blocks) */
+    int kind; /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks), 2: BF16, 3: F16 (64-byte blocks), 4: F32 */
     const float *x;
     float *y;
     int64_t n, k, segments, units_per_segment, units;
@@ -71,6 +72,10 @@ static inline __m256 half8(int kind, __m128i h) { /* 8 bfloat16 (kind 2) or floa
 
 /* The 32 weights of one block as four vectors of eight float32. */
 static inline __attribute__((always_inline)) void block_weights(int kind, const uint8_t *block, __m256 out[4]) {
+    if (kind == 4) { /* 32 float32 weights, as they are */
+        for (int c = 0; c < 4; c++) out[c] = _mm256_loadu_ps((const float *)block + 8 * c);
+        return;
+    }
     if (kind >= 2) { /* 32 half-width weights, 8 per load */
         const __m128i *h = (const __m128i *)block;
         for (int c = 0; c < 4; c++) out[c] = half8(kind, _mm_loadu_si128(h + c));
@@ -178,7 +183,9 @@ static void product(int kind, const uint8_t *w, const float *x, float *y, int ro
             __builtin_prefetch(block + ahead * blocks * block_bytes, 0, 2); /* into L2, as the AVX2 body */
             float wb[32];
             uint16_t half;
-            if (kind >= 2) { /* 32 half-width weights, no scale */
+            if (kind == 4) { /* 32 float32 weights, as they are */
+                memcpy(wb, block, sizeof wb);
+            } else if (kind >= 2) { /* 32 half-width weights, no scale */
                 for (int j = 0; j < 32; j++) {
                     memcpy(&half, block + 2 * j, 2);
                     wb[j] = kind == 3 ? half_to_float(half) : bfloat_to_float(half);
@@ -229,7 +236,7 @@ static void *worker(void *arg) {
 int runahead_grouped_product(int kind, const float *x, float *y, int64_t n, int64_t k, int64_t segments,
                              const int64_t *weights, const int64_t *starts, const int64_t *stops,
                              int threads) {
-    if (kind < 0 || kind > 3 || k % 32 || n <= 0 || segments < 0) return -1;
+    if (kind < 0 || kind > 4 || k % 32 || n <= 0 || segments < 0) return -1;
     work_t job = {kind, x, y, n, k, segments, (n + CHUNK - 1) / CHUNK, 0, weights, starts, stops, 0};
     job.units = job.segments * job.units_per_segment;
     /* A helper thread costs tens to hundreds of microseconds to start (more where an idle vCPU must be

@@ -1,5 +1,5 @@
-"""Q4_0 / Q8_0 / BF16 / F16 expert products on the CPU without dequantizing: a small C kernel, built on
-first use.
+"""Q4_0 / Q8_0 / BF16 / F16 expert products on the CPU without dequantizing, and float32 ones in one call
+per group: a small C kernel, built on first use.
 
 The torch CPU path otherwise turns each stored expert into float32 (:mod:`runahead.models.quant`)
 each time a group uses it: writing 6 MB of weights costs more than the product that reads them. A
@@ -10,6 +10,8 @@ over an expert, and no widening copy on the link.
 each weight in registers exactly as ggml dequantizes it (``d * q``, exact in float32), so it agrees
 with dequantize-then-matmul to float32 rounding (it sums in another order) and never writes a
 full-width copy. One call runs a whole group's experts (``qkernel.c``), split over torch's thread count.
+A float32 checkpoint's experts (:data:`FLOAT32`) take the same pass: nothing to convert, but each matrix
+prefetched ahead of the rows and two calls per group where torch runs two products per expert.
 
 The kernel is C (``qkernel.c``) in two builds of one source: AVX2/FMA/F16C intrinsics on an x86-64
 CPU with all three, else portable C the compiler vectorizes for the CPU's baseline vector unit (NEON on
@@ -42,6 +44,12 @@ log = logging.getLogger(__name__)
 KINDS = {"Q4_0": 0, "Q8_0": 1, "BF16": 2, "F16": 3}
 """Stored types the kernel multiplies (its ``kind`` codes)."""
 
+FLOAT32 = "F32"
+CODES = {**KINDS, FLOAT32: 4}
+"""Every type :func:`grouped_product` takes: the stored :data:`KINDS`, and float32 matrices (a float32
+checkpoint's experts in compute-dtype slots: no conversion, but the same prefetched pass over each
+matrix and one call per group instead of two torch products per expert)."""
+
 HALF_KINDS = {torch.bfloat16: "BF16", torch.float16: "F16"}
 """The kernel's kind for a half-width torch dtype."""
 
@@ -53,6 +61,12 @@ Q8_0 rows always are; a bfloat16 or float16 matrix's rows must be too)."""
 def multiplies(kind: str, row_lengths: Sequence[int]) -> bool:
     """Whether the kernel multiplies ``kind`` matrices with rows of these lengths (and runs here)."""
     return kind in KINDS and all(n % BLOCK == 0 for n in row_lengths) and available()
+
+
+def multiplies_float32(row_lengths: Sequence[int]) -> bool:
+    """Whether the kernel multiplies float32 matrices with rows of these lengths here
+    (``RUNAHEAD_QUANT_KERNEL=off`` turns it off for them too: torch multiplies them expert by expert)."""
+    return all(n % BLOCK == 0 for n in row_lengths) and available()
 
 
 KERNEL_ROWS = {"avx2": 32, "portable": 8}
@@ -107,8 +121,8 @@ def grouped_product(
     library = _library() if build is None else load(build) if isinstance(build, str) else load(*build)
     if library is None:
         raise RuntimeError("the quantized product kernel is not available on this machine")
-    if kind not in KINDS:
-        raise ValueError(f"the kernel multiplies {', '.join(KINDS)}, not {kind}")
+    if kind not in CODES:
+        raise ValueError(f"the kernel multiplies {', '.join(CODES)}, not {kind}")
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
         raise ValueError(f"rows must be 2-d float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
     x = x.contiguous()
@@ -117,7 +131,7 @@ def grouped_product(
     table = (ctypes.c_int64 * (3 * count))(*matrices, *(s for s, _ in spans), *(e for _, e in spans))
     base = ctypes.addressof(table)
     status = library.runahead_grouped_product(
-        KINDS[kind], x.data_ptr(), y.data_ptr(), n, x.shape[1], count,
+        CODES[kind], x.data_ptr(), y.data_ptr(), n, x.shape[1], count,
         base, base + 8 * count, base + 16 * count, torch.get_num_threads(),
     )  # fmt: skip
     if status:
