@@ -222,6 +222,20 @@ def reference_logits(path: str | Path, tokens: Sequence[int]) -> torch.Tensor:
         return model(torch.tensor([list(tokens)])).logits[0]
 
 
+def random_moe_inputs(
+    model: Any, layout: ExpertLayout, layer: int, rows: int = 12
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """``(hidden, ids, weights, experts)`` for ``model.moe_partial(layer, ...)``: ``rows`` random rows,
+    each routed to ``top_k`` random experts with softmax weights, and every expert's reference slot."""
+    c = model.config
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, c.hidden_size)
+    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(rows)])
+    weights = torch.softmax(torch.randn(rows, c.top_k), dim=-1)
+    experts = {e: load_reference_slot(layout, layer, e) for e in range(c.num_experts)}
+    return hidden, ids, weights, experts
+
+
 def slots_for(layout: ExpertLayout, layer: int, ids: torch.Tensor) -> dict[int, torch.Tensor]:
     """Reference cache slots of every expert in ``ids`` at ``layer``, read from the files."""
     return {int(e): load_reference_slot(layout, layer, int(e)) for e in torch.unique(ids).tolist()}

@@ -20,8 +20,10 @@ from ggufhelpers import build_tiny_gguf
 
 from runahead.models import qkernel
 from runahead.models.base import ExpertRows
-from runahead.models.loader import load_model, load_reference_slot
+from runahead.models.loader import load_model
 from runahead.models.quant import dequantize
+
+from modelhelpers import random_moe_inputs
 
 needs_kernel = pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
 BUILDS = [None, "portable"]
@@ -112,12 +114,7 @@ def test_the_moe_runs_stored_slots_without_a_dequantized_copy(
 ) -> None:
     path, _ = build_tiny_gguf("qwen3_moe", tmp_path, kind)
     model, layout = load_model(path)
-    c = model.config
-    torch.manual_seed(0)
-    hidden = torch.randn(12, c.hidden_size)
-    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(12)])
-    weights = torch.softmax(torch.randn(12, c.top_k), dim=-1)
-    experts = {e: load_reference_slot(layout, 1, e) for e in range(c.num_experts)}
+    hidden, ids, weights, experts = random_moe_inputs(model, layout, 1)
     routing = ExpertRows.from_ids(ids, experts)
     out = model.moe_partial(1, hidden, ids, weights, experts, routing=routing)
     assert model._stored_kinds[1] == kind and not model._scratch  # no float32 copy of an expert was made

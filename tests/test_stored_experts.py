@@ -20,7 +20,7 @@ from runahead.models.layout import kept_as_stored
 from runahead.models.loader import load_model, load_reference_slot
 from runahead.store.base import DTYPES
 
-from modelhelpers import HIDDEN, build_tiny_model, compare_with_transformers
+from modelhelpers import HIDDEN, build_tiny_model, compare_with_transformers, random_moe_inputs
 
 needs_kernel = pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
 WIDTH = 32  # the experts' width: whole 32-weight blocks, as the kernel needs
@@ -195,12 +195,7 @@ def test_a_float32_checkpoints_experts_run_through_the_kernel_and_give_transform
     assert model.slot_formats is None  # compute-dtype slots: the flat float32 gate | up | down
     assert model._kernel_layout(1, torch.float32) == (qkernel.FLOAT32, 0, 2 * WIDTH * HIDDEN * 4)
     assert model._kernel_layout(1, torch.bfloat16) is None  # a bf16 compute's slots: torch's products
-    c = model.config
-    torch.manual_seed(0)
-    hidden = torch.randn(12, c.hidden_size)
-    ids = torch.stack([torch.randperm(c.num_experts)[: c.top_k] for _ in range(12)])
-    weights = torch.softmax(torch.randn(12, c.top_k), dim=-1)
-    experts = {e: load_reference_slot(layout, 1, e) for e in range(c.num_experts)}
+    hidden, ids, weights, experts = random_moe_inputs(model, layout, 1)
     kernel = model.moe_partial(1, hidden, ids, weights, experts)
     with monkeypatch.context() as patch:
         patch.setattr(qkernel, "multiplies_float32", lambda lengths: False)
