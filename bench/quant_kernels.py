@@ -212,8 +212,8 @@ def measure(
         options["qkernel"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x)
     if qkernel.load("portable") is not None:
         options["qkernel-portable"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x, "portable")
-    if against is not None and qkernel.load(qkernel.variant() or "portable", against) is not None:
-        other = (qkernel.variant() or "portable", against)
+    other = (qkernel.variant() or "portable", against) if against is not None else None
+    if other is not None and qkernel.load(*other) is not None:
         options["qkernel-against"] = lambda i, x: run_qkernel(slots[i % experts], fmt, x, other)
     extra: dict[str, Any] = {"kind": kind, "threads": torch.get_num_threads()}
     if kind == "Q4_0":

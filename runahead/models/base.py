@@ -395,9 +395,10 @@ class MoEModel(ModelDescription):
 
     def _kernel_layout(self, layer: int, slot_dtype: torch.dtype) -> tuple[str, int, int] | None:
         """``(kind, gate | up byte offset, down byte offset)`` of ``layer``'s slots for the CPU kernel, or
-        None where it does not apply: a stored slot of one kernel type (:meth:`_stored_kind`), or a
-        float32 compute-dtype slot (a float32 checkpoint's experts: ``gate | up | down`` back to back)
-        of a model whose experts are :meth:`run_expert`'s (not gpt-oss's, with biases and clamps)."""
+        None where it does not apply: a stored slot of one kernel type (:meth:`_stored_kind`, a file's
+        F32 included), or a float32 compute-dtype slot (a float32 checkpoint's experts: ``gate | up |
+        down`` back to back) of a model whose experts are :meth:`run_expert`'s (not gpt-oss's, with
+        biases and clamps)."""
         from runahead.models import qkernel
 
         kind = self._stored_kind(layer)
@@ -406,22 +407,15 @@ class MoEModel(ModelDescription):
             gate, _, down = self.slot_formats[layer].parts
             return kind, gate.start, down.start
         c = self.config
-        if type(self).run_expert is not MoEModel.run_expert:
+        plain = type(self).run_expert is MoEModel.run_expert
+        if self.slot_formats is not None or slot_dtype != torch.float32 or not plain:
             return None
-        if not qkernel.multiplies_float32((c.hidden_size, c.intermediate_size)):
-            return None
-        if self.slot_formats is not None:  # float32 as stored: a float32 checkpoint, a GGUF F32
-            parts = self.slot_formats[layer].parts
-            roles = tuple(p.role for p in parts) == ("gate", "up", "down")
-            if not roles or any(p.kind != qkernel.FLOAT32 for p in parts):
-                return None
-            return qkernel.FLOAT32, parts[0].start, parts[2].start
-        if slot_dtype != torch.float32:
+        if not qkernel.multiplies(qkernel.FLOAT32, (c.hidden_size, c.intermediate_size)):
             return None
         return qkernel.FLOAT32, 0, 2 * c.intermediate_size * c.hidden_size * 4
 
     def _stored_kind(self, layer: int) -> str | None:
-        """The one kernel type (:data:`~runahead.models.qkernel.KINDS`) of ``layer``'s ``gate | up | down``
+        """The one kernel type (:data:`~runahead.models.qkernel.CODES`) of ``layer``'s ``gate | up | down``
         slots, or None where the kernel does not multiply them."""
         if self.slot_formats is None:
             return None

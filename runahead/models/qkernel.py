@@ -59,14 +59,9 @@ Q8_0 rows always are; a bfloat16 or float16 matrix's rows must be too)."""
 
 
 def multiplies(kind: str, row_lengths: Sequence[int]) -> bool:
-    """Whether the kernel multiplies ``kind`` matrices with rows of these lengths (and runs here)."""
-    return kind in KINDS and all(n % BLOCK == 0 for n in row_lengths) and available()
-
-
-def multiplies_float32(row_lengths: Sequence[int]) -> bool:
-    """Whether the kernel multiplies float32 matrices with rows of these lengths here
-    (``RUNAHEAD_QUANT_KERNEL=off`` turns it off for them too: torch multiplies them expert by expert)."""
-    return all(n % BLOCK == 0 for n in row_lengths) and available()
+    """Whether the kernel multiplies ``kind`` matrices (one of :data:`CODES`) with rows of these lengths
+    and runs here (``RUNAHEAD_QUANT_KERNEL=off``: never, float32 ones included)."""
+    return kind in CODES and all(n % BLOCK == 0 for n in row_lengths) and available()
 
 
 KERNEL_ROWS = {"avx2": 32, "portable": 8}
