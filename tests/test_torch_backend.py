@@ -232,24 +232,30 @@ def test_batch_invariant_mode_gives_bit_identical_logits_under_every_schedule(mo
 
 
 @pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "gemma4"])
-def test_a_half_width_checkpoint_gives_bit_identical_logits_under_every_schedule(
-    arch: str, tmp_path: Path
+def test_a_checkpoint_on_the_kernel_gives_bit_identical_logits_under_every_schedule(
+    arch: str, stored: torch.dtype, tmp_path: Path
 ) -> None:
     """On a float32 CPU a bf16 checkpoint's experts, projections, routers, shared experts and dense
-    MLPs go through the stored-weight kernel, whose rows never depend on the rows beside them, and
-    Qwen3.6's batched delta rule pads its narrow elementwise rows (``_rowwise``): the default mode,
-    groups batched as each schedule likes, waves included."""
+    MLPs go through the stored-weight kernel, and a float32 checkpoint's through its float32 pass,
+    whose rows never depend on the rows beside them; Qwen3.6's batched delta rule pads its narrow
+    elementwise rows (``_rowwise``): the default mode, groups batched as each schedule likes, waves
+    included."""
     widths = {  # every resident matrix's rows whole 32-weight blocks, as the kernel takes them
         "qwen3_moe": {},
         "qwen3_5_moe": {"linear_value_head_dim": 8, "shared_expert_intermediate_size": 32},
         "gemma4": {"hidden_size": 64, "head_dim": 8, "intermediate_size": 32},
     }[arch]
-    path = build_tiny_model(arch, tmp_path / arch, dtype=torch.bfloat16, moe_intermediate_size=32, **widths)
+    path = build_tiny_model(arch, tmp_path / arch, dtype=stored, moe_intermediate_size=32, **widths)
     backend = TorchBackend.open(str(path), cache_slots=10, dtype="float32")
-    dense = {k: w.dtype for k, w in backend.model.weights.items() if k.rpartition(".")[2] in DENSE_ROLES}
+    model = backend.model
+    x = torch.zeros(1, model.config.hidden_size)
+    dense = {k: w.dtype for k, w in model.weights.items() if k.rpartition(".")[2] in DENSE_ROLES}
+    kinds = {model._dense_kind(k, x) for k in dense if model.weights[k].shape[-1] == x.shape[1]}
     backend.close()
-    assert set(dense.values()) == {torch.bfloat16}, dense
+    assert set(dense.values()) == {stored}, dense
+    assert kinds == {"BF16" if stored == torch.bfloat16 else qkernel.FLOAT32}, kinds
     assert_bit_identical(logits_under_every_schedule(path, 4, dtype="float32"))
 
 

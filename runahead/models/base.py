@@ -114,25 +114,32 @@ class MoEModel(ModelDescription):
         hold experts in the compute dtype. See :meth:`expert_weights`."""
         self._scratch: dict[torch.device, Tensor] = {}
         self._stored_kinds: dict[int, str | None] = {}
+        self._dense_kinds: dict[str, str | None] = {}
 
     def dense(self, x: Tensor, key: str, bias: Tensor | None = None) -> Tensor:
         """``F.linear(x, weights[key], bias)`` for a resident matrix: the projections and the LM head.
 
-        A matrix kept as stored (half-width: :func:`~runahead.models.loader.kept_half`; or a GGUF's
-        Q4_0 / Q8_0 blocks, ``uint8 [rows, blocks, block bytes]``: :func:`runahead.models.gguf.read_gguf`)
-        is multiplied as stored by the CPU kernel (float32 rows, at most
-        :func:`~runahead.models.qkernel.max_rows` at once), else widened for the call (a prefill
-        chunk's rows): the same products, summed in another order. A matrix whose widened copy would
-        be large (an LM head) is never widened: its rows go through the kernel a few at a time.
+        On CPU, for float32 rows, the kernel multiplies (:meth:`_dense_kind`) a matrix kept as stored
+        (half-width: :func:`~runahead.models.loader.kept_half`; or a GGUF's Q4_0 / Q8_0 blocks, ``uint8
+        [rows, blocks, block bytes]``: :func:`runahead.models.gguf.read_gguf`) or a float32 one, at
+        most :func:`~runahead.models.qkernel.max_rows` rows at once: one decode row at a time from
+        prefetched memory (faster than torch's product at decode's few rows), and each row's sums
+        never depend on the rows beside it, so a float32 checkpoint's logits too are the same however
+        a schedule batches its requests. More rows (a prefill chunk's) go to torch, a stored matrix
+        widened for the call: the same products, summed in another order. A stored matrix whose
+        widened copy would be large (an LM head) is never widened: its rows go through the kernel a
+        few at a time.
         """
         w = self.weights[key]
-        if w.dtype == x.dtype:
+        kind = self._dense_kind(key, x)
+        if kind is None:
             return F.linear(x, w, bias)
-        from runahead.models.qkernel import grouped_product, max_rows
-        from runahead.models.quant import stored_kind, widened
+        from runahead.models.qkernel import FLOAT32, grouped_product, max_rows
+        from runahead.models.quant import widened
 
-        kind, limit = stored_kind(w), max_rows()
-        if x.dim() == 2 and (x.shape[0] <= limit or w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS):
+        limit = max_rows()
+        large = kind != FLOAT32 and w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS
+        if x.dim() == 2 and (x.shape[0] <= limit or large):
             parts = [
                 grouped_product(
                     x[i : i + limit], [w.data_ptr()], [(0, min(limit, x.shape[0] - i))], kind, w.shape[0]
@@ -141,7 +148,26 @@ class MoEModel(ModelDescription):
             ]
             y = parts[0] if len(parts) == 1 else torch.cat(parts)
             return y if bias is None else y + bias
-        return F.linear(x, widened(w, x.dtype), bias)
+        return F.linear(x, w if kind == FLOAT32 else widened(w, x.dtype), bias)
+
+    def _dense_kind(self, key: str, x: Tensor) -> str | None:
+        """The kernel type (:data:`~runahead.models.qkernel.CODES`) :meth:`dense` multiplies ``key``'s
+        matrix as for rows ``x``: a stored matrix's own, :data:`~runahead.models.qkernel.FLOAT32` for a
+        float32 one with float32 rows on the CPU whose columns are whole 32-weight blocks (where the
+        kernel runs), else None (torch multiplies it)."""
+        w = self.weights[key]
+        if w.dtype != x.dtype:
+            from runahead.models.quant import stored_kind
+
+            return stored_kind(w)
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+            return None
+        if key not in self._dense_kinds:
+            from runahead.models import qkernel
+
+            usable = w.dim() == 2 and w.is_contiguous() and qkernel.multiplies(qkernel.FLOAT32, (w.shape[1],))
+            self._dense_kinds[key] = qkernel.FLOAT32 if usable else None
+        return self._dense_kinds[key]
 
     def keep_stored(self, layout: ExpertLayout) -> None:
         """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:
