@@ -158,7 +158,7 @@ def test_a_large_stored_matrix_runs_many_rows_through_the_kernel_a_few_at_a_time
 ) -> None:
     """More rows than the kernel takes at once: a small stored matrix is widened for the call, a large
     one (an LM head) goes through the kernel in slices; both give the widened product's values."""
-    import runahead.models.base as base
+    import runahead.models.products as products
 
     model, _ = load_gguf(gguf_models("qwen3_moe", "Q4_0")["path"], dense_as_stored=True)
     w = model.weights["lm_head"]
@@ -166,7 +166,7 @@ def test_a_large_stored_matrix_runs_many_rows_through_the_kernel_a_few_at_a_time
     x = torch.randn(3 * qkernel.max_rows() + 5, model.config.hidden_size)
     expected = x @ widened(w, torch.float32).T
     widening = model.dense(x, "lm_head")
-    monkeypatch.setattr(base, "WIDEN_MAX_WEIGHTS", 0)
+    monkeypatch.setattr(products, "WIDEN_MAX_WEIGHTS", 0)
     sliced = model.dense(x, "lm_head")
     assert sliced.shape == expected.shape == widening.shape
     assert torch.allclose(widening, expected, atol=1e-5) and torch.allclose(sliced, expected, atol=1e-5)
