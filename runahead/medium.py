@@ -49,7 +49,8 @@ SMALL_CONFIG: dict[str, Any] = {
     "head_dim": 32,
     "vocab_size": 4096,
 }
-"""The ``small`` model of ``runahead demo``: 8 layers x 32 experts, top-4 (~70 MB in float32)."""
+"""The ``small`` model of ``runahead demo``: 8 layers x 32 experts, top-4 (~200 MB in float32: 256 experts
+of 3 x 256 x 256 weights)."""
 ROUTER_SCALE = 8.0
 
 
