@@ -250,9 +250,9 @@ def test_a_checkpoint_on_the_kernel_gives_bit_identical_logits_under_every_sched
     path = build_tiny_model(arch, tmp_path / arch, dtype=stored, moe_intermediate_size=32, **widths)
     backend = TorchBackend.open(str(path), cache_slots=10, dtype="float32")
     model = backend.model
-    x = torch.zeros(1, model.config.hidden_size)
     dense = {k: w.dtype for k, w in model.weights.items() if k.rpartition(".")[2] in DENSE_ROLES}
-    kinds = {model._dense_kind(k, x) for k in dense if model.weights[k].shape[-1] == x.shape[1]}
+    width = model.config.hidden_size
+    kinds = {model._dense_kind(k, w) for k, w in model.weights.items() if k in dense and w.shape[-1] == width}
     backend.close()
     assert set(dense.values()) == {stored}, dense
     assert kinds == {"BF16" if stored == torch.bfloat16 else qkernel.FLOAT32}, kinds

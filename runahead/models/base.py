@@ -106,23 +106,74 @@ class MoEModel(ExpertProducts, ModelDescription):
         self.inv_freq = inv_freq / config.rope_scaling_factor
         self.rope_attention_factor = 1.0
         self.init_products()
+        self._rope: dict[tuple[int, float, torch.dtype], tuple[Tensor, Tensor, Tensor]] = {}
+        self._qkv: dict[int, tuple[int, int]] = {}
+        if type(self).project_qkv is MoEModel.project_qkv:  # an override reads q, k and v itself
+            for layer in range(config.num_layers):
+                self._fuse_qkv(layer)
 
     def project_qkv(self, layer: int, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q, k, v ``[T, heads, head_dim]`` of the normed rows ``x``, before RoPE (q/k norm, clipping)."""
+        """q, k, v ``[T, heads, head_dim]`` of the normed rows ``x``, before RoPE (q/k norm, clipping).
+
+        One product for all three where their matrices share a type (:meth:`_fuse_qkv`); then q and
+        k are adjacent views of its output, per-head normed in one call (with each half's own
+        weight) and rotated in one call by :meth:`softmax_attention`: every element's arithmetic as
+        in three products and two norms, each row's sums in the same order.
+        """
         c, w, p = self.config, self.weights, f"{layer}."
-        q = self.dense(x, p + "q_proj", w.get(p + "q_proj.bias"))
-        k = self.dense(x, p + "k_proj", w.get(p + "k_proj.bias"))
-        v = self.dense(x, p + "v_proj", w.get(p + "v_proj.bias"))
+        rows, dim = x.shape[0], c.head_dim
+        fused = self._qkv.get(layer)
+        if fused is None:
+            q = self.dense(x, p + "q_proj", w.get(p + "q_proj.bias"))
+            k = self.dense(x, p + "k_proj", w.get(p + "k_proj.bias"))
+            v = self.dense(x, p + "v_proj", w.get(p + "v_proj.bias"))
+        else:
+            nq, nk = fused
+            y = self.dense(x, p + "qkv", self.derived.get(p + "qkv.bias"))
+            q, k, v = y[:, :nq], y[:, nq : nq + nk], y[:, nq + nk :]
+            both = self.derived.get(p + "qk_norm")
+            if both is not None and type(self).norm is MoEModel.norm:
+                heads = nq // dim
+                qk = rms_norm(y[:, : nq + nk].view(rows, -1, dim), both, c.rms_norm_eps)
+                return qk[:, :heads], qk[:, heads:], v.view(rows, -1, dim)
         if c.qk_norm == "full":
             q, k = self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm")
         if c.clip_qkv is not None:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
-        q = q.view(x.shape[0], -1, c.head_dim)
-        k = k.view(x.shape[0], -1, c.head_dim)
-        v = v.view(x.shape[0], -1, c.head_dim)
+        q = q.view(rows, -1, dim)
+        k = k.view(rows, -1, dim)
+        v = v.view(rows, -1, dim)
         if c.qk_norm == "head":
             q, k = self.norm(q, p + "q_norm"), self.norm(k, p + "k_norm")
         return q, k, v
+
+    def _fuse_qkv(self, layer: int) -> None:
+        """Put ``layer``'s q, k and v matrices back to back as one ``derived["<layer>.qkv"]`` matrix
+        (biases too) where they share a type, block layout and device (``q_proj``, ``k_proj`` and
+        ``v_proj`` become views of it: no second copy), and, for per-head q/k norms without clipping,
+        both norms' weights as one ``qk_norm [q heads + k heads, head_dim]`` (each head's row its
+        half's weight)."""
+        c, w, p = self.config, self.weights, f"{layer}."
+        names = [p + role for role in ("q_proj", "k_proj", "v_proj")]
+        if not all(name in w for name in names):
+            return
+        parts = [w[name] for name in names]
+        biases = [w.get(name + ".bias") for name in names]
+        same = (parts[0].dtype, parts[0].shape[1:], parts[0].device)
+        alike = all((t.dtype, t.shape[1:], t.device) == same and t.is_contiguous() for t in parts)
+        if not alike or len({b is None for b in biases}) > 1:
+            return
+        sizes = [t.shape[0] for t in parts]
+        fused = self.derived[p + "qkv"] = torch.cat(parts)
+        for name, view in zip(names, torch.split(fused, sizes), strict=True):
+            w[name] = view
+        if biases[0] is not None:
+            self.derived[p + "qkv.bias"] = torch.cat([b for b in biases if b is not None])
+        self._qkv[layer] = sizes[0], sizes[1]
+        if c.qk_norm == "head" and c.clip_qkv is None:
+            heads = [size // c.head_dim for size in sizes[:2]]
+            norms = [w[p + "q_norm"].expand(heads[0], -1), w[p + "k_norm"].expand(heads[1], -1)]
+            self.derived[p + "qk_norm"] = torch.cat(norms)
 
     def shared_expert(self, layer: int, x: Tensor) -> Tensor | None:
         """The always-on shared expert's output for normed rows ``x``, or ``None`` when there is none."""
@@ -201,10 +252,13 @@ class MoEModel(ExpertProducts, ModelDescription):
     def softmax_attention(self, layer: int, x: Tensor, segments: Sequence[Segment]) -> Tensor:
         """Causal (windowed, if the layer slides) attention of each run over its own KV, then the output."""
         q, k, v = self.project_qkv(layer, x)
-        positions = torch.cat([torch.arange(s, s + n, device=self.device) for _, s, n in segments])
-        inv_freq, factor = self.rope_frequencies(layer), self.rope_attention_factor
-        cos, sin = rope_tables(positions, inv_freq, factor, q.dtype)  # once for q and k
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin = self.rope_rows(layer, segments, q.dtype)  # once for q and k
+        joint = _adjacent(q, k)
+        if joint is None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        else:  # q and k side by side in one tensor: one call, the same elementwise arithmetic
+            qk = apply_rope(joint, cos, sin)
+            q, k = qk[:, : q.shape[1]], qk[:, q.shape[1] :]
         window = self.config.window(layer)
         outputs, row = [], 0
         for state, start, n in segments:
@@ -334,6 +388,29 @@ class MoEModel(ExpertProducts, ModelDescription):
         """RoPE inverse frequencies of ``layer`` (one per rotated pair of dims; zeros leave a pair as is)."""
         return self.inv_freq
 
+    def rope_rows(self, layer: int, segments: Sequence[Segment], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin ``[T, 1, rotary]`` (:func:`rope_tables`) for the rows of ``segments`` at ``layer``.
+
+        Read from a table of every position up to the longest seen so far (per set of frequencies,
+        grown by doubling), made by :func:`rope_tables` itself: each value is computed as it would
+        be alone, so no row's rotation depends on the rows beside it.
+        """
+        inv_freq, factor = self.rope_frequencies(layer), self.rope_attention_factor
+        end = max(start + n for _, start, n in segments)
+        key = (id(inv_freq), factor, dtype)
+        entry = self._rope.get(key)
+        if entry is None or entry[0] is not inv_freq or entry[1].shape[0] < end:
+            size = max(256, 1 << (end - 1).bit_length())
+            positions = torch.arange(size, device=self.device)
+            entry = self._rope[key] = (inv_freq, *rope_tables(positions, inv_freq, factor, dtype))
+        _, cos, sin = entry
+        if len(segments) == 1:
+            _, start, n = segments[0]
+            return cos[start : start + n], sin[start : start + n]
+        rows = [p for _, start, n in segments for p in range(start, start + n)]
+        at = torch.tensor(rows, device=self.device)
+        return cos[at], sin[at]
+
 
 def rope_tables(
     positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
@@ -355,6 +432,20 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return x * cos + _rotate_half(x) * sin
     turned, kept = x[..., :rotary], x[..., rotary:]
     return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
+
+
+def _adjacent(q: Tensor, k: Tensor) -> Tensor | None:
+    """``[T, q heads + k heads, D]``: one view of ``q`` and ``k`` where ``k``'s heads follow ``q``'s in
+    memory with the same strides (:meth:`MoEModel.project_qkv`'s fused product), else None."""
+    if q.dim() != 3 or k.dim() != 3 or q.dtype != k.dtype or q.device != k.device:
+        return None
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.stride() != k.stride():
+        return None
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        return None
+    if k.data_ptr() != q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size():
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
 
 def _mask(

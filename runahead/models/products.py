@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from runahead.models import qkernel
 from runahead.models.description import MoEConfig
 from runahead.models.layout import ExpertLayout, SlotFormat
+from runahead.models.qkernel import grouped_product
 
 WIDEN_MAX_WEIGHTS = 16 << 20
 """A stored resident matrix with more weights than this (64 MiB in float32: an LM head) is never
@@ -41,9 +43,12 @@ class ExpertProducts:
     def init_products(self) -> None:
         """Slots in the compute dtype, nothing cached yet (called by the model's ``__init__``)."""
         self.slot_formats = None
+        self.derived: dict[str, Tensor] = {}
+        """Matrices made from ``weights`` (no checkpoint holds them: a layer's q, k and v as one),
+        multiplied by :meth:`dense` by key like the weights."""
         self._scratch: dict[torch.device, Tensor] = {}
         self._stored_kinds: dict[int, str | None] = {}
-        self._dense_kinds: dict[str, str | None] = {}
+        self._dense_kinds: dict[str, str] = {}
 
     def dense(self, x: Tensor, key: str, bias: Tensor | None = None) -> Tensor:
         """``F.linear(x, weights[key], bias)`` for a resident matrix: the projections and the LM head.
@@ -59,44 +64,39 @@ class ExpertProducts:
         widened copy would be large (an LM head) is never widened: its rows go through the kernel a
         few at a time.
         """
-        w = self.weights[key]
-        kind = self._dense_kind(key, x)
-        if kind is None:
+        w = self.weights.get(key)
+        if w is None:
+            w = self.derived[key]
+        kind = self._dense_kind(key, w)
+        if kind and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
+            limit = qkernel.max_rows()
+            if x.shape[0] <= limit:  # decode's rows: one call
+                y = qkernel.product(x, w.data_ptr(), kind, w.shape[0])
+                return y if bias is None else y + bias
+            if kind != qkernel.FLOAT32 and w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS:
+                parts = [
+                    grouped_product(
+                        x[i : i + limit], [w.data_ptr()], [(0, min(limit, x.shape[0] - i))], kind, w.shape[0]
+                    )
+                    for i in range(0, x.shape[0], limit)
+                ]
+                y = torch.cat(parts)
+                return y if bias is None else y + bias
+        if kind in ("", qkernel.FLOAT32):
             return F.linear(x, w, bias)
-        from runahead.models.qkernel import FLOAT32, grouped_product, max_rows
         from runahead.models.quant import widened
 
-        limit = max_rows()
-        large = kind != FLOAT32 and w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS
-        if x.dim() == 2 and (x.shape[0] <= limit or large):
-            parts = [
-                grouped_product(
-                    x[i : i + limit], [w.data_ptr()], [(0, min(limit, x.shape[0] - i))], kind, w.shape[0]
-                )
-                for i in range(0, x.shape[0], limit)
-            ]
-            y = parts[0] if len(parts) == 1 else torch.cat(parts)
-            return y if bias is None else y + bias
-        return F.linear(x, w if kind == FLOAT32 else widened(w, x.dtype), bias)
+        return F.linear(x, widened(w, x.dtype), bias)
 
-    def _dense_kind(self, key: str, x: Tensor) -> str | None:
-        """The kernel type (:data:`~runahead.models.qkernel.CODES`) :meth:`dense` multiplies ``key``'s
-        matrix as for rows ``x``: a stored matrix's own, :data:`~runahead.models.qkernel.FLOAT32` for a
-        float32 one with float32 rows on the CPU whose columns are whole 32-weight blocks (where the
-        kernel runs), else None (torch multiplies it)."""
-        w = self.weights[key]
-        if w.dtype != x.dtype:
-            from runahead.models.quant import stored_kind
-
-            return stored_kind(w)
-        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
-            return None
-        if key not in self._dense_kinds:
-            from runahead.models import qkernel
-
-            usable = w.dim() == 2 and w.is_contiguous() and qkernel.multiplies(qkernel.FLOAT32, (w.shape[1],))
-            self._dense_kinds[key] = qkernel.FLOAT32 if usable else None
-        return self._dense_kinds[key]
+    def _dense_kind(self, key: str, w: Tensor) -> str:
+        """How :meth:`dense` multiplies ``key``'s matrix ``w`` where the rows are float32 on the CPU: the
+        kernel type (:data:`~runahead.models.qkernel.CODES`) of a stored matrix, or
+        :data:`~runahead.models.qkernel.FLOAT32` for a float32 one the kernel takes (contiguous,
+        columns whole 32-weight blocks), else ``""`` (torch). Found once per key."""
+        kind = self._dense_kinds.get(key)
+        if kind is None:
+            kind = self._dense_kinds[key] = _matrix_kind(w)
+        return kind
 
     def keep_stored(self, layout: ExpertLayout) -> None:
         """Read experts from slots of the ``stored`` ``layout`` (each expert as its file stores it:
@@ -228,3 +228,15 @@ class ExpertProducts:
     def glu(self, gate: Tensor, up: Tensor) -> Tensor:
         """The gated unit of an expert: ``act(gate) * up``, SiLU unless overridden."""
         return F.silu(gate) * up
+
+
+def _matrix_kind(w: Tensor) -> str:
+    """How :meth:`ExpertProducts.dense` multiplies resident matrix ``w``: a stored one's kernel type
+    (:func:`~runahead.models.quant.stored_kind`), :data:`~runahead.models.qkernel.FLOAT32` for a
+    float32 one the kernel takes (CPU, contiguous, columns whole blocks), else ``""`` (torch)."""
+    if w.dtype in qkernel.HALF_KINDS or w.dtype == torch.uint8:
+        from runahead.models.quant import stored_kind
+
+        return stored_kind(w)
+    plain = w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
+    return qkernel.FLOAT32 if plain and qkernel.multiplies(qkernel.FLOAT32, (w.shape[1],)) else ""

@@ -134,6 +134,32 @@ def grouped_product(
     return y
 
 
+def product(x: Tensor, matrix: int, kind: str, n: int) -> Tensor:
+    """``y [R, n]``: every row of ``x [R, K]`` times one matrix ``[n, K]`` stored as ``kind`` at address
+    ``matrix``: :func:`grouped_product`'s one-matrix case (a resident matrix's decode rows), without
+    its checks.
+
+    The caller has checked once what :func:`grouped_product` checks per call (the kernel runs here,
+    ``kind`` is one of :data:`CODES`, ``K`` is whole blocks, ``x`` is float32 on the CPU with at
+    most :func:`max_rows` rows), as :meth:`runahead.models.products.ExpertProducts.dense` does per matrix:
+    a decode group calls this several times, where the checks cost as much as a small product.
+    """
+    library = _library()
+    assert library is not None
+    x = x.contiguous()
+    rows = x.shape[0]
+    y = torch.empty(rows, n)
+    table = (ctypes.c_int64 * 3)(matrix, 0, rows)
+    base = ctypes.addressof(table)
+    status = library.runahead_grouped_product(
+        CODES[kind], x.data_ptr(), y.data_ptr(), n, x.shape[1], 1, base, base + 8, base + 16,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status:
+        raise ValueError(f"quantized product refused its arguments: {kind} rows of {x.shape[1]} weights")
+    return y
+
+
 def _leaves_gaps(spans: Sequence[tuple[int, int]], rows: int) -> bool:
     covered = sorted(spans)
     at = 0
