@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -317,3 +318,46 @@ def test_imports_stay_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_attention_in_fewer_calls_equals_the_separate_calls_bit_for_bit(
+    arch: str, dtype: torch.dtype, folders: dict[str, Path]
+) -> None:
+    """One product for q, k and v, one norm and one rotation for both halves, cos/sin from the table:
+    the same values as three products, two norms, two rotations and cos/sin computed per call, for
+    prompt rows, decode rows and two requests in one batch. In bfloat16 (torch's products, which
+    q, k and v keep as three) only the table and the rest are compared."""
+    from runahead.models.base import rope_tables
+
+    fused, _ = load_model(folders[arch], dtype=dtype)
+    separate, _ = load_model(folders[arch], dtype=dtype)
+    on_kernel = dtype == torch.float32 and qkernel.multiplies(qkernel.FLOAT32, (fused.config.hidden_size,))
+    assert bool(fused._qkv) == ("0.qkv" in fused.derived) == on_kernel  # torch's GEMM: three products
+    assert "0.qkv" not in fused.weights
+    noise = torch.Generator().manual_seed(1)  # the tiny models' norms are all ones: tell q's from k's
+    for key in [k for k in fused.weights if k.endswith(("q_norm", "k_norm", "input_norm"))]:
+        shift = (torch.rand(fused.weights[key].shape, generator=noise) * 0.6 - 0.3).to(dtype)
+        for model in (fused, separate):
+            model.weights[key] = model.weights[key] + shift
+    for layer in range(fused.config.num_layers):
+        fused._fuse_qkv(layer)  # its one q/k norm weight from the shifted ones
+    separate._qkv.clear()  # project_qkv's three products and two norms
+
+    def per_call(layer: int, segments: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.cat([torch.arange(start, start + n) for _, start, n in segments])
+        return rope_tables(positions, separate.rope_frequencies(layer), separate.rope_attention_factor, dtype)
+
+    separate.rope_rows = per_call  # type: ignore[method-assign]
+    torch.manual_seed(0)
+    width = fused.config.hidden_size
+    states = {model: (model.new_cache(16), model.new_cache(16)) for model in (fused, separate)}
+    for first, second in [((0, 3), (0, 2)), ((3, 1), (2, 1)), ((4, 2), (3, 1))]:
+        rows = torch.randn(first[1] + second[1], width).to(dtype)
+        for layer in range(fused.config.num_layers):
+            outs = []
+            for model in (fused, separate):
+                a, b = states[model]
+                outs.append(model.attention(layer, rows, [(a, *first), (b, *second)]))
+            assert torch.equal(outs[0], outs[1]), (layer, first, second)

@@ -32,7 +32,7 @@ from runahead.models.description import (
     MoEConfig,
     require,
 )
-from runahead.models.products import ExpertProducts
+from runahead.models.products import ExpertProducts, matrix_kind
 from runahead.models.state import KVLayer, LayerState, RequestState
 
 __all__ = [
@@ -149,9 +149,11 @@ class MoEModel(ExpertProducts, ModelDescription):
 
     def _fuse_qkv(self, layer: int) -> None:
         """Put ``layer``'s q, k and v matrices back to back as one ``derived["<layer>.qkv"]`` matrix
-        (biases too) where they share a type, block layout and device (``q_proj``, ``k_proj`` and
-        ``v_proj`` become views of it: no second copy), and, for per-head q/k norms without clipping,
-        both norms' weights as one ``qk_norm [q heads + k heads, head_dim]`` (each head's row its
+        (biases too) where they share a type and block layout and the CPU kernel multiplies them
+        (float32 compute: each output's sum is then the same in one product as in three; torch's
+        GEMM may sum otherwise, so there they stay three products). ``q_proj``, ``k_proj`` and
+        ``v_proj`` become views of it (no second copy); for per-head q/k norms without clipping, both
+        norms' weights become one ``qk_norm [q heads + k heads, head_dim]`` (each head's row its
         half's weight)."""
         c, w, p = self.config, self.weights, f"{layer}."
         names = [p + role for role in ("q_proj", "k_proj", "v_proj")]
@@ -163,6 +165,8 @@ class MoEModel(ExpertProducts, ModelDescription):
         alike = all((t.dtype, t.shape[1:], t.device) == same and t.is_contiguous() for t in parts)
         if not alike or len({b is None for b in biases}) > 1:
             return
+        if self.dtype != torch.float32 or parts[0].device.type != "cpu" or not matrix_kind(parts[0]):
+            return  # torch's products: one fused product may round otherwise than the three
         sizes = [t.shape[0] for t in parts]
         fused = self.derived[p + "qkv"] = torch.cat(parts)
         for name, view in zip(names, torch.split(fused, sizes), strict=True):

@@ -95,7 +95,7 @@ class ExpertProducts:
         columns whole 32-weight blocks), else ``""`` (torch). Found once per key."""
         kind = self._dense_kinds.get(key)
         if kind is None:
-            kind = self._dense_kinds[key] = _matrix_kind(w)
+            kind = self._dense_kinds[key] = matrix_kind(w)
         return kind
 
     def keep_stored(self, layout: ExpertLayout) -> None:
@@ -230,7 +230,7 @@ class ExpertProducts:
         return F.silu(gate) * up
 
 
-def _matrix_kind(w: Tensor) -> str:
+def matrix_kind(w: Tensor) -> str:
     """How :meth:`ExpertProducts.dense` multiplies resident matrix ``w``: a stored one's kernel type
     (:func:`~runahead.models.quant.stored_kind`), :data:`~runahead.models.qkernel.FLOAT32` for a
     float32 one the kernel takes (CPU, contiguous, columns whole blocks), else ``""`` (torch)."""
