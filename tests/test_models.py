@@ -361,3 +361,20 @@ def test_attention_in_fewer_calls_equals_the_separate_calls_bit_for_bit(
                 a, b = states[model]
                 outs.append(model.attention(layer, rows, [(a, *first), (b, *second)]))
             assert torch.equal(outs[0], outs[1]), (layer, first, second)
+
+
+def test_rope_rows_grow_the_table_and_give_the_per_call_values(folders: dict[str, Path]) -> None:
+    """cos/sin read from the table equal :func:`rope_tables` computed for those positions, also past
+    the first table's 256 positions (the table doubles) and for several segments in one batch."""
+    from runahead.models.base import rope_tables
+
+    model, _ = load_model(folders["qwen3_moe"])
+    state = model.new_cache(4)
+    for segments in ([(state, 3, 2)], [(state, 300, 1), (state, 7, 3)], [(state, 1000, 4)]):
+        cos, sin = model.rope_rows(0, segments, torch.float32)
+        positions = torch.cat([torch.arange(start, start + n) for _, start, n in segments])
+        frequencies, factor = model.rope_frequencies(0), model.rope_attention_factor
+        expected = rope_tables(positions, frequencies, factor, torch.float32)
+        assert torch.equal(cos, expected[0]) and torch.equal(sin, expected[1])
+    ((_, cos_table, _),) = model._rope.values()
+    assert cos_table.shape[0] == 1024  # 256, then 512 for position 300, then 1024 for 1003
