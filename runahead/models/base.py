@@ -132,7 +132,7 @@ class MoEModel(ExpertProducts, ModelDescription):
             y = self.dense(x, p + "qkv", self.derived.get(p + "qkv.bias"))
             q, k, v = y[:, :nq], y[:, nq : nq + nk], y[:, nq + nk :]
             both = self.derived.get(p + "qk_norm")
-            if both is not None and type(self).norm is MoEModel.norm:
+            if both is not None:
                 heads = nq // dim
                 qk = rms_norm(y[:, : nq + nk].view(rows, -1, dim), both, c.rms_norm_eps)
                 return qk[:, :heads], qk[:, heads:], v.view(rows, -1, dim)
@@ -152,9 +152,9 @@ class MoEModel(ExpertProducts, ModelDescription):
         (biases too) where they share a type and block layout and the CPU kernel multiplies them
         (float32 compute: each output's sum is then the same in one product as in three; torch's
         GEMM may sum otherwise, so there they stay three products). ``q_proj``, ``k_proj`` and
-        ``v_proj`` become views of it (no second copy); for per-head q/k norms without clipping, both
-        norms' weights become one ``qk_norm [q heads + k heads, head_dim]`` (each head's row its
-        half's weight)."""
+        ``v_proj`` become views of it (no second copy); for per-head q/k norms without clipping (and
+        :meth:`norm` not overridden), both norms' weights become one ``qk_norm [q heads + k heads,
+        head_dim]`` (each head's row its half's weight)."""
         c, w, p = self.config, self.weights, f"{layer}."
         names = [p + role for role in ("q_proj", "k_proj", "v_proj")]
         if not all(name in w for name in names):
@@ -174,7 +174,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         if biases[0] is not None:
             self.derived[p + "qkv.bias"] = torch.cat([b for b in biases if b is not None])
         self._qkv[layer] = sizes[0], sizes[1]
-        if c.qk_norm == "head" and c.clip_qkv is None:
+        if c.qk_norm == "head" and c.clip_qkv is None and type(self).norm is MoEModel.norm:
             heads = [size // c.head_dim for size in sizes[:2]]
             norms = [w[p + "q_norm"].expand(heads[0], -1), w[p + "k_norm"].expand(heads[1], -1)]
             self.derived[p + "qk_norm"] = torch.cat(norms)

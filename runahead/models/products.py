@@ -23,7 +23,6 @@ from torch import Tensor
 from runahead.models import qkernel
 from runahead.models.description import MoEConfig
 from runahead.models.layout import ExpertLayout, SlotFormat
-from runahead.models.qkernel import grouped_product
 
 WIDEN_MAX_WEIGHTS = 16 << 20
 """A stored resident matrix with more weights than this (64 MiB in float32: an LM head) is never
@@ -75,14 +74,12 @@ class ExpertProducts:
                 return y if bias is None else y + bias
             if kind != qkernel.FLOAT32 and w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS:
                 parts = [
-                    grouped_product(
-                        x[i : i + limit], [w.data_ptr()], [(0, min(limit, x.shape[0] - i))], kind, w.shape[0]
-                    )
+                    qkernel.product(x[i : i + limit], w.data_ptr(), kind, w.shape[0])
                     for i in range(0, x.shape[0], limit)
                 ]
                 y = torch.cat(parts)
                 return y if bias is None else y + bias
-        if kind in ("", qkernel.FLOAT32):
+        if kind in ("", qkernel.FLOAT32) or w.dtype == x.dtype:  # the compute dtype's own: no widening
             return F.linear(x, w, bias)
         from runahead.models.quant import widened
 
@@ -125,17 +122,17 @@ class ExpertProducts:
         layout = self._kernel_layout(layer, experts[spans[0][0]].dtype)
         if layout is None:
             return None
-        from runahead.models.qkernel import grouped_product, max_rows
-
         kind, gate_at, down_at = layout
-        limit = max_rows()
+        limit = qkernel.max_rows()
         inter, width = self.config.intermediate_size, self.config.hidden_size
         few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= limit]
         if few:
             runs = [(start, stop) for _, start, stop in few]
-            gate_up = grouped_product(rows, [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter)
+            gate_up = qkernel.grouped_product(
+                rows, [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter
+            )
             hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
-            out = grouped_product(hidden, [slot + down_at for slot, _, _ in few], runs, kind, width)
+            out = qkernel.grouped_product(hidden, [slot + down_at for slot, _, _ in few], runs, kind, width)
         else:
             out = torch.empty(rows.shape[0], width)
         for expert, start, stop in spans:
@@ -150,8 +147,6 @@ class ExpertProducts:
         F32 included), or a float32 compute-dtype slot (a float32 checkpoint's experts: ``gate | up |
         down`` back to back) of a model whose experts are :meth:`run_expert`'s (not gpt-oss's, with
         biases and clamps)."""
-        from runahead.models import qkernel
-
         kind = self._stored_kind(layer)
         if kind is not None:
             assert self.slot_formats is not None
@@ -171,8 +166,6 @@ class ExpertProducts:
         if self.slot_formats is None:
             return None
         if layer not in self._stored_kinds:
-            from runahead.models import qkernel
-
             parts = self.slot_formats[layer].parts
             kinds = {p.kind for p in parts}
             usable = tuple(p.role for p in parts) == ("gate", "up", "down") and len(kinds) == 1

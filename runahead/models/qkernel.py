@@ -122,16 +122,8 @@ def grouped_product(
         raise ValueError(f"rows must be 2-d float32 on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
     x = x.contiguous()
     y = torch.zeros(x.shape[0], n) if _leaves_gaps(spans, x.shape[0]) else torch.empty(x.shape[0], n)
-    count = len(spans)
-    table = (ctypes.c_int64 * (3 * count))(*matrices, *(s for s, _ in spans), *(e for _, e in spans))
-    base = ctypes.addressof(table)
-    status = library.runahead_grouped_product(
-        CODES[kind], x.data_ptr(), y.data_ptr(), n, x.shape[1], count,
-        base, base + 8 * count, base + 16 * count, torch.get_num_threads(),
-    )  # fmt: skip
-    if status:
-        raise ValueError(f"quantized product refused its arguments: {kind} rows of {x.shape[1]} weights")
-    return y
+    table = (ctypes.c_int64 * (3 * len(spans)))(*matrices, *(s for s, _ in spans), *(e for _, e in spans))
+    return _run(library, kind, x, y, table)
 
 
 def product(x: Tensor, matrix: int, kind: str, n: int) -> Tensor:
@@ -147,13 +139,17 @@ def product(x: Tensor, matrix: int, kind: str, n: int) -> Tensor:
     library = _library()
     assert library is not None
     x = x.contiguous()
-    rows = x.shape[0]
-    y = torch.empty(rows, n)
-    table = (ctypes.c_int64 * 3)(matrix, 0, rows)
+    return _run(library, kind, x, torch.empty(x.shape[0], n), (ctypes.c_int64 * 3)(matrix, 0, x.shape[0]))
+
+
+def _run(library: _Library, kind: str, x: Tensor, y: Tensor, table: ctypes.Array[ctypes.c_int64]) -> Tensor:
+    """The C call: ``x`` (contiguous float32) into ``y [rows, n]`` over ``table``, every segment's
+    matrix address, then every start, then every stop (``3 * segments`` int64s)."""
+    count = len(table) // 3
     base = ctypes.addressof(table)
     status = library.runahead_grouped_product(
-        CODES[kind], x.data_ptr(), y.data_ptr(), n, x.shape[1], 1, base, base + 8, base + 16,
-        torch.get_num_threads(),
+        CODES[kind], x.data_ptr(), y.data_ptr(), y.shape[1], x.shape[1], count,
+        base, base + 8 * count, base + 16 * count, torch.get_num_threads(),
     )  # fmt: skip
     if status:
         raise ValueError(f"quantized product refused its arguments: {kind} rows of {x.shape[1]} weights")
