@@ -193,15 +193,70 @@ def test_a_float32_checkpoints_experts_run_through_the_kernel_and_give_transform
     path = build_tiny_model("qwen3_moe", tmp_path / "f32", moe_intermediate_size=WIDTH)
     model, layout = load_model(path)
     assert model.slot_formats is None  # compute-dtype slots: the flat float32 gate | up | down
-    assert model._kernel_layout(1, torch.float32) == (qkernel.FLOAT32, 0, 2 * WIDTH * HIDDEN * 4)
-    assert model._kernel_layout(1, torch.bfloat16) is None  # a bf16 compute's slots: torch's products
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert model._kernel_layout(1, f32, f32) == (qkernel.FLOAT32, 0, 2 * WIDTH * HIDDEN * 4)
+    assert model._kernel_layout(1, bf16, bf16) == ("BF16", 0, 2 * WIDTH * HIDDEN * 2)  # a bf16 compute
+    assert model._kernel_layout(1, bf16, f32) is None  # rows and slots of two dtypes: torch's products
     hidden, ids, weights, experts = random_moe_inputs(model, layout, 1)
     kernel = model.moe_partial(1, hidden, ids, weights, experts)
     with monkeypatch.context() as patch:
         patch.setattr(qkernel, "multiplies", lambda kind, lengths: False)
-        assert model._kernel_layout(1, torch.float32) is None
+        assert model._kernel_layout(1, f32, f32) is None
         torch_path = model.moe_partial(1, hidden, ids, weights, experts)
     assert (kernel - torch_path).abs().max().item() < 1e-5
     found = compare_with_transformers(path, policy=policy, slots=6)
     assert found["tokens_equal"], found
     assert found["logit_error"] < 1e-4, found
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_a_half_width_compute_multiplies_on_the_kernel_with_torchs_rounding(
+    dtype: torch.dtype, tmp_path: Path
+) -> None:
+    """In a bfloat16 / float16 compute the routed experts and resident matrices take the kernel's
+    half-width pass at decode's rows (rows widened exactly, sums in float32, one rounding per product,
+    as torch's half-width products round): within one rounding of torch's products, and nearer the
+    exact products than that, for every row, whatever the rows beside it."""
+    path = build_tiny_model("qwen3_moe", tmp_path / "half", dtype=dtype, moe_intermediate_size=WIDTH)
+    model, layout = load_model(path, dtype=dtype)
+    assert model.slot_formats is None and model._dense_kind("1.q_proj", model.weights["1.q_proj"])
+    hidden, ids, weights, experts = random_moe_inputs(model, layout, 1)
+    hidden, weights = hidden.to(dtype), weights.to(dtype)
+    experts = {e: slot.to(dtype) for e, slot in experts.items()}
+    calls = []
+    real = qkernel.grouped_product
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(args[3])
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qkernel, "grouped_product", counted)
+        kernel = model.moe_partial(1, hidden, ids, weights, experts)
+        alone = torch.cat(
+            [
+                model.moe_partial(1, hidden[i : i + 1], ids[i : i + 1], weights[i : i + 1], experts)
+                for i in range(4)
+            ]
+        )
+    assert calls and set(calls) == {qkernel.HALF_KINDS[dtype]}, calls
+    assert torch.equal(kernel[:4], alone)  # a row's result is the same alone as beside others
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qkernel, "multiplies", lambda kind, lengths: False)
+        model.init_products()  # forget the kinds found (the kernel "absent" now)
+        torch_path = model.moe_partial(1, hidden, ids, weights, experts)
+        exact = model.moe_partial(
+            1, hidden.float(), ids, weights.float(), {e: s.float() for e, s in experts.items()}
+        )
+    eps = torch.finfo(dtype).eps
+    scale = exact.abs().max().item()
+    assert (kernel.float() - torch_path.float()).abs().max().item() <= 8 * eps * scale
+    assert (kernel.float() - exact).abs().max().item() <= 8 * eps * scale
+    x = hidden[:3]
+    w = model.weights["1.q_proj"]
+    ours = model.dense(x, "1.q_proj")
+    assert ours.dtype == dtype and torch.equal(ours[1:2], model.dense(x[1:2], "1.q_proj"))
+    assert (ours.float() - x.float() @ w.float().T).abs().max().item() <= eps * (
+        x.float() @ w.float().T
+    ).abs().max().item()

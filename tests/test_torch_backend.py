@@ -232,23 +232,28 @@ def test_batch_invariant_mode_gives_bit_identical_logits_under_every_schedule(mo
 
 
 @pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
-@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize(
+    ("stored", "compute"),
+    [(torch.bfloat16, "float32"), (torch.float32, "float32"), (torch.bfloat16, "bfloat16")],
+    ids=["bf16", "f32", "bf16-compute"],
+)
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe", "gemma4"])
 def test_a_checkpoint_on_the_kernel_gives_bit_identical_logits_under_every_schedule(
-    arch: str, stored: torch.dtype, tmp_path: Path
+    arch: str, stored: torch.dtype, compute: str, tmp_path: Path
 ) -> None:
     """On a float32 CPU a bf16 checkpoint's experts, projections, routers, shared experts and dense
     MLPs go through the stored-weight kernel, and a float32 checkpoint's through its float32 pass,
-    whose rows never depend on the rows beside them; Qwen3.6's batched delta rule pads its narrow
-    elementwise rows (``_rowwise``): the default mode, groups batched as each schedule likes, waves
-    included."""
+    whose rows never depend on the rows beside them; in a bfloat16 compute the bf16 matrices take the
+    kernel's bf16 pass at decode's rows (widened rows, one rounding: ``half_product``). Qwen3.6's
+    batched delta rule pads its narrow elementwise rows (``_rowwise``): the default mode, groups
+    batched as each schedule likes, waves included."""
     widths = {  # every resident matrix's rows whole 32-weight blocks, as the kernel takes them
         "qwen3_moe": {},
         "qwen3_5_moe": {"linear_value_head_dim": 8, "shared_expert_intermediate_size": 32},
         "gemma4": {"hidden_size": 64, "head_dim": 8, "intermediate_size": 32},
     }[arch]
     path = build_tiny_model(arch, tmp_path / arch, dtype=stored, moe_intermediate_size=32, **widths)
-    backend = TorchBackend.open(str(path), cache_slots=10, dtype="float32")
+    backend = TorchBackend.open(str(path), cache_slots=10, dtype=compute)
     model = backend.model
     dense = {k: w.dtype for k, w in model.weights.items() if k.rpartition(".")[2] in DENSE_ROLES}
     width = model.config.hidden_size
@@ -256,7 +261,7 @@ def test_a_checkpoint_on_the_kernel_gives_bit_identical_logits_under_every_sched
     backend.close()
     assert set(dense.values()) == {stored}, dense
     assert kinds == {"BF16" if stored == torch.bfloat16 else qkernel.FLOAT32}, kinds
-    assert_bit_identical(logits_under_every_schedule(path, 4, dtype="float32"))
+    assert_bit_identical(logits_under_every_schedule(path, 4, dtype=compute))
 
 
 def test_host_routing_gives_the_rows_found_on_the_device(model) -> None:  # type: ignore[no-untyped-def]

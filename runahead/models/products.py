@@ -61,13 +61,18 @@ class ExpertProducts:
         a schedule batches its requests. More rows (a prefill chunk's) go to torch, a stored matrix
         widened for the call: the same products, summed in another order. A stored matrix whose
         widened copy would be large (an LM head) is never widened: its rows go through the kernel a
-        few at a time.
+        few at a time. In a bfloat16 or float16 compute a matrix of that dtype takes the kernel's
+        half-width pass at decode's rows (:func:`half_product`: torch's rounding, the same per row
+        whatever the rows beside it); more rows go to torch's half-width product.
         """
         w = self.weights.get(key)
         if w is None:
             w = self.derived[key]
         kind = self._dense_kind(key, w)
-        if kind and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
+        if kind and x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype != torch.float32:
+            if x.shape[0] <= qkernel.max_rows():  # half-width compute, decode's rows: see half_product
+                return half_product(x, w.data_ptr(), kind, w.shape[0], bias)
+        elif kind and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
             limit = qkernel.max_rows()
             if x.shape[0] <= limit:  # decode's rows: one call
                 y = qkernel.product(x, w.data_ptr(), kind, w.shape[0])
@@ -79,17 +84,16 @@ class ExpertProducts:
                 ]
                 y = torch.cat(parts)
                 return y if bias is None else y + bias
-        if kind in ("", qkernel.FLOAT32) or w.dtype == x.dtype:  # the compute dtype's own: no widening
+        if w.dtype == x.dtype:  # the compute dtype's own: no widening
             return F.linear(x, w, bias)
         from runahead.models.quant import widened
 
         return F.linear(x, widened(w, x.dtype), bias)
 
     def _dense_kind(self, key: str, w: Tensor) -> str:
-        """How :meth:`dense` multiplies ``key``'s matrix ``w`` where the rows are float32 on the CPU: the
-        kernel type (:data:`~runahead.models.qkernel.CODES`) of a stored matrix, or
-        :data:`~runahead.models.qkernel.FLOAT32` for a float32 one the kernel takes (contiguous,
-        columns whole 32-weight blocks), else ``""`` (torch). Found once per key."""
+        """How :meth:`dense` multiplies ``key``'s matrix ``w`` on the CPU (:func:`matrix_kind`): the kernel
+        type (:data:`~runahead.models.qkernel.CODES`) of a stored matrix, or of a float32 or half-width
+        one the kernel takes, else ``""`` (torch). Found once per key."""
         kind = self._dense_kinds.get(key)
         if kind is None:
             kind = self._dense_kinds[key] = matrix_kind(w)
@@ -117,9 +121,9 @@ class ExpertProducts:
         and no float32 copy of the experts. An expert with more than :func:`~runahead.models.qkernel.max_rows`
         rows (a prefill chunk's) is dequantized and multiplied by torch instead, which is faster there.
         """
-        if rows.device.type != "cpu" or rows.dtype != torch.float32 or not spans:
+        if rows.device.type != "cpu" or not spans:
             return None
-        layout = self._kernel_layout(layer, experts[spans[0][0]].dtype)
+        layout = self._kernel_layout(layer, experts[spans[0][0]].dtype, rows.dtype)
         if layout is None:
             return None
         kind, gate_at, down_at = layout
@@ -129,36 +133,40 @@ class ExpertProducts:
         if few:
             runs = [(start, stop) for _, start, stop in few]
             gate_up = qkernel.grouped_product(
-                rows, [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter
-            )
+                rows.float(), [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter
+            ).to(rows.dtype)  # half-width compute: rounded once, as torch's half-width product rounds
             hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
-            out = qkernel.grouped_product(hidden, [slot + down_at for slot, _, _ in few], runs, kind, width)
+            downs = [slot + down_at for slot, _, _ in few]
+            out = qkernel.grouped_product(hidden.float(), downs, runs, kind, width).to(rows.dtype)
         else:
-            out = torch.empty(rows.shape[0], width)
+            out = torch.empty(rows.shape[0], width, dtype=rows.dtype)
         for expert, start, stop in spans:
             if stop - start > limit:
                 weights = self.expert_weights(layer, experts[expert], rows.dtype)
                 out[start:stop] = self.run_expert(weights, rows[start:stop])
         return out
 
-    def _kernel_layout(self, layer: int, slot_dtype: torch.dtype) -> tuple[str, int, int] | None:
+    def _kernel_layout(
+        self, layer: int, slot_dtype: torch.dtype, row_dtype: torch.dtype
+    ) -> tuple[str, int, int] | None:
         """``(kind, gate | up byte offset, down byte offset)`` of ``layer``'s slots for the CPU kernel, or
-        None where it does not apply: a stored slot of one kernel type (:meth:`_stored_kind`, a file's
-        F32 included), or a float32 compute-dtype slot (a float32 checkpoint's experts: ``gate | up |
-        down`` back to back) of a model whose experts are :meth:`run_expert`'s (not gpt-oss's, with
-        biases and clamps)."""
+        None where it does not apply: for float32 rows a stored slot of one kernel type
+        (:meth:`_stored_kind`, a file's F32 included); for rows of the slots' own dtype, a compute-dtype
+        slot (``gate | up | down`` back to back) in float32, bfloat16 or float16 of a model whose
+        experts are :meth:`run_expert`'s (not gpt-oss's, with biases and clamps)."""
         kind = self._stored_kind(layer)
         if kind is not None:
             assert self.slot_formats is not None
             gate, _, down = self.slot_formats[layer].parts
-            return kind, gate.start, down.start
+            return (kind, gate.start, down.start) if row_dtype == torch.float32 else None
         c = self.config
         plain = type(self).run_expert is ExpertProducts.run_expert
-        if self.slot_formats is not None or slot_dtype != torch.float32 or not plain:
+        if self.slot_formats is not None or slot_dtype != row_dtype or not plain:
             return None
-        if not qkernel.multiplies(qkernel.FLOAT32, (c.hidden_size, c.intermediate_size)):
+        kind = qkernel.FLOAT32 if slot_dtype == torch.float32 else qkernel.HALF_KINDS.get(slot_dtype)
+        if kind is None or not qkernel.multiplies(kind, (c.hidden_size, c.intermediate_size)):
             return None
-        return qkernel.FLOAT32, 0, 2 * c.intermediate_size * c.hidden_size * 4
+        return kind, 0, 2 * c.intermediate_size * c.hidden_size * slot_dtype.itemsize
 
     def _stored_kind(self, layer: int) -> str | None:
         """The one kernel type (:data:`~runahead.models.qkernel.CODES`) of ``layer``'s ``gate | up | down``
@@ -223,13 +231,31 @@ class ExpertProducts:
         return F.silu(gate) * up
 
 
+def half_product(x: Tensor, matrix: int, kind: str, n: int, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, w, bias)`` on the CPU kernel for half-width rows ``x`` (bfloat16, float16: decode's,
+    at most :func:`~runahead.models.qkernel.max_rows`) and a matrix ``w [n, K]`` of their dtype
+    (``kind``, at address ``matrix``).
+
+    The rows are widened to float32 (exactly), summed in float32, the bias added, and the result
+    rounded once to the rows' dtype: torch's half-width product's arithmetic, its sums in another
+    order. So each row's result never depends on the rows beside it (torch's half-width products
+    pick their blocking by the row count), and at decode's few rows it is 2-3x faster here
+    (``bench/dense_kernel.py --dtype bfloat16``)."""
+    y = qkernel.product(x.float(), matrix, kind, n)
+    if bias is not None:
+        y += bias
+    return y.to(x.dtype)
+
+
 def matrix_kind(w: Tensor) -> str:
-    """How :meth:`ExpertProducts.dense` multiplies resident matrix ``w``: a stored one's kernel type
-    (:func:`~runahead.models.quant.stored_kind`), :data:`~runahead.models.qkernel.FLOAT32` for a
-    float32 one the kernel takes (CPU, contiguous, columns whole blocks), else ``""`` (torch)."""
-    if w.dtype in qkernel.HALF_KINDS or w.dtype == torch.uint8:
+    """How :meth:`ExpertProducts.dense` multiplies resident matrix ``w``: a Q4_0 / Q8_0 one's kernel type
+    (:func:`~runahead.models.quant.stored_kind`); for a float32, bfloat16 or float16 one the kernel
+    takes (CPU, contiguous, columns whole blocks) :data:`~runahead.models.qkernel.FLOAT32` or its
+    half-width type (a matrix kept as stored, or the compute dtype's own); else ``""`` (torch)."""
+    if w.dtype == torch.uint8:
         from runahead.models.quant import stored_kind
 
         return stored_kind(w)
-    plain = w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
-    return qkernel.FLOAT32 if plain and qkernel.multiplies(qkernel.FLOAT32, (w.shape[1],)) else ""
+    kind = qkernel.FLOAT32 if w.dtype == torch.float32 else qkernel.HALF_KINDS.get(w.dtype, "")
+    plain = kind and w.device.type == "cpu" and w.dim() == 2 and w.is_contiguous()
+    return kind if plain and qkernel.multiplies(kind, (w.shape[1],)) else ""

@@ -1,14 +1,16 @@
-"""A float32 checkpoint's resident matrices: torch's product against the kernel's float32 pass, side by side.
+"""Resident matrices in the compute dtype: torch's product against the CPU kernel's pass, side by side.
 
-``MoEModel.dense`` multiplies a float32 matrix with the CPU kernel (``qkernel.FLOAT32``) at up to
-``qkernel.max_rows()`` rows, where it used to call ``F.linear``; this times both on the same matrices
-and rows, one compute thread, cycling through ``--cold-mb`` of distinct matrices so the weights come
-from memory as in a decode step (not from a cache that holds a single matrix). Shapes are
-``N x K`` (outputs x inputs): the small demo model's projections (256 x 256, 64 x 256), the medium
+``MoEModel.dense`` (and a group's routed experts) multiply a float32 matrix with the CPU kernel
+(``qkernel.FLOAT32``) at up to ``qkernel.max_rows()`` rows, and, in a bfloat16 or float16 compute, a
+matrix of that dtype with its half-width pass (``products.half_product``: rows widened, one rounding),
+where they used to call ``F.linear``; this times both on the same matrices and rows in ``--dtype``,
+one compute thread, cycling through ``--cold-mb`` of distinct matrices so the weights come from memory
+as in a decode step (not from a cache that holds a single matrix). Shapes are ``N x K`` (outputs x
+inputs): the small demo model's projections and experts (256 x 256, 64 x 256, 512 x 256), the medium
 model's (1024 x 1024, 256 x 1024) and its LM head (32000 x 1024). Prints microseconds per call
 (median of ``--repeat`` calls) and the kernel's time over torch's.
 
-    PYTHONPATH=$PWD python bench/dense_f32.py [--rows 1,2,4,8,16,32] [--repeat 200] [--out FILE]
+    PYTHONPATH=$PWD python bench/dense_kernel.py [--dtype float32] [--rows 1,2,4,8,16,32] [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from runahead.models import qkernel
+from runahead.models.products import half_product
 
-SHAPES = ((256, 256), (64, 256), (1024, 1024), (256, 1024), (32000, 1024))
+SHAPES = ((256, 256), (64, 256), (512, 256), (1024, 1024), (256, 1024), (32000, 1024))
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def median_us(call: Callable[[], object], repeat: int) -> float:
@@ -42,22 +46,30 @@ def median_us(call: Callable[[], object], repeat: int) -> float:
 def time_point(matrices: list[torch.Tensor], rows: int, repeat: int) -> tuple[float, float]:
     """Microseconds per call, torch's and the kernel's, of ``rows`` rows through ``matrices`` in turn."""
     n, k = matrices[0].shape
-    x = torch.randn(rows, k)
+    dtype = matrices[0].dtype
+    x = torch.randn(rows, k).to(dtype)
     turn = itertools.cycle(matrices)
     torch_us = median_us(lambda: F.linear(x, next(turn)), repeat)
 
     def kernel(w: torch.Tensor) -> torch.Tensor:
-        return qkernel.grouped_product(x, [w.data_ptr()], [(0, rows)], qkernel.FLOAT32, n)
+        if dtype == torch.float32:
+            return qkernel.product(x, w.data_ptr(), qkernel.FLOAT32, n)
+        return half_product(x, w.data_ptr(), qkernel.HALF_KINDS[dtype], n)
 
     turn = itertools.cycle(matrices)
     kernel_us = median_us(lambda: kernel(next(turn)), repeat)
-    gap = (F.linear(x, matrices[0]) - kernel(matrices[0])).abs().max().item()
-    assert gap < 1e-3, f"kernel and torch disagree at {n}x{k}, {rows} rows: {gap}"
+    reference = F.linear(x.float(), matrices[0].float())  # the exact products, summed in float32
+    scale = reference.abs().max().item()
+    for name, ours in (("torch", F.linear(x, matrices[0])), ("kernel", kernel(matrices[0]))):
+        gap = (ours.float() - reference).abs().max().item()
+        allowed = 1e-3 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * scale
+        assert gap <= allowed, f"{name} is off at {n}x{k}, {rows} rows in {dtype}: {gap} > {allowed}"
     return torch_us, kernel_us
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="rows' and matrices' dtype")
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--cold-mb", type=int, default=128, help="distinct matrices cycled through per shape")
@@ -70,12 +82,22 @@ def main() -> None:
     print(f"{'shape':>12} {'rows':>4} {'torch us':>9} {'kernel us':>9} {'kernel / torch':>14}")
     with torch.inference_mode():
         for n, k in SHAPES:
-            count = max(2, (args.cold_mb << 20) // (4 * n * k))
-            matrices = [torch.randn(n, k) for _ in range(count)]
+            dtype = DTYPES[args.dtype]
+            count = max(2, (args.cold_mb << 20) // (dtype.itemsize * n * k))
+            matrices = [torch.randn(n, k).to(dtype) for _ in range(count)]
             repeat = max(5, args.repeat * (1 << 20) // (n * k)) if n * k > 1 << 20 else args.repeat
             for rows in (int(r) for r in args.rows.split(",")):
                 torch_us, kernel_us = time_point(matrices, rows, repeat)
-                results.append({"n": n, "k": k, "rows": rows, "torch_us": torch_us, "kernel_us": kernel_us})
+                results.append(
+                    {
+                        "dtype": args.dtype,
+                        "n": n,
+                        "k": k,
+                        "rows": rows,
+                        "torch_us": torch_us,
+                        "kernel_us": kernel_us,
+                    }
+                )
                 ratio = kernel_us / torch_us
                 print(f"{n:>6}x{k:<5} {rows:>4} {torch_us:>9.1f} {kernel_us:>9.1f} {ratio:>14.2f}")
     if args.out:
