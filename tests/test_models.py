@@ -327,13 +327,14 @@ def test_attention_in_fewer_calls_equals_the_separate_calls_bit_for_bit(
 ) -> None:
     """One product for q, k and v, one norm and one rotation for both halves, cos/sin from the table:
     the same values as three products, two norms, two rotations and cos/sin computed per call, for
-    prompt rows, decode rows and two requests in one batch. In bfloat16 (torch's products, which
-    q, k and v keep as three) only the table and the rest are compared."""
+    prompt rows, decode rows, two requests in one batch, and more rows than the kernel takes (then
+    three products again), in float32 and in a bfloat16 compute (the kernel's half-width pass)."""
     from runahead.models.base import rope_tables
 
     fused, _ = load_model(folders[arch], dtype=dtype)
     separate, _ = load_model(folders[arch], dtype=dtype)
-    on_kernel = dtype == torch.float32 and qkernel.multiplies(qkernel.FLOAT32, (fused.config.hidden_size,))
+    kind = qkernel.FLOAT32 if dtype == torch.float32 else qkernel.HALF_KINDS[dtype]
+    on_kernel = qkernel.multiplies(kind, (fused.config.hidden_size,))
     assert bool(fused._qkv) == ("0.qkv" in fused.derived) == on_kernel  # torch's GEMM: three products
     assert "0.qkv" not in fused.weights
     noise = torch.Generator().manual_seed(1)  # the tiny models' norms are all ones: tell q's from k's
@@ -353,7 +354,8 @@ def test_attention_in_fewer_calls_equals_the_separate_calls_bit_for_bit(
     torch.manual_seed(0)
     width = fused.config.hidden_size
     states = {model: (model.new_cache(16), model.new_cache(16)) for model in (fused, separate)}
-    for first, second in [((0, 3), (0, 2)), ((3, 1), (2, 1)), ((4, 2), (3, 1))]:
+    many = qkernel.max_rows() + 1  # prompt chunks too long for the kernel: three products in both
+    for first, second in [((0, 3), (0, 2)), ((3, 1), (2, 1)), ((4, 2), (3, 1)), ((6, many), (4, 1))]:
         rows = torch.randn(first[1] + second[1], width).to(dtype)
         for layer in range(fused.config.num_layers):
             outs = []

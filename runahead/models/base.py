@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from runahead.models import qkernel
 from runahead.models.description import (
     LAYER_TYPES,
     LinearAttentionConfig,
@@ -123,7 +124,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         c, w, p = self.config, self.weights, f"{layer}."
         rows, dim = x.shape[0], c.head_dim
         fused = self._qkv.get(layer)
-        if fused is None:
+        if fused is None or rows > qkernel.max_rows():  # a prompt chunk's rows: torch's three products
             q = self.dense(x, p + "q_proj", w.get(p + "q_proj.bias"))
             k = self.dense(x, p + "k_proj", w.get(p + "k_proj.bias"))
             v = self.dense(x, p + "v_proj", w.get(p + "v_proj.bias"))
@@ -150,8 +151,9 @@ class MoEModel(ExpertProducts, ModelDescription):
     def _fuse_qkv(self, layer: int) -> None:
         """Put ``layer``'s q, k and v matrices back to back as one ``derived["<layer>.qkv"]`` matrix
         (biases too) where they share a type and block layout and the CPU kernel multiplies them
-        (float32 compute: each output's sum is then the same in one product as in three; torch's
-        GEMM may sum otherwise, so there they stay three products). ``q_proj``, ``k_proj`` and
+        (float32 compute, or a half-width compute of their dtype: each output's sum is then the same
+        in one product as in three; torch's GEMM may sum otherwise, so there, and for more rows than
+        the kernel takes, they stay three products). ``q_proj``, ``k_proj`` and
         ``v_proj`` become views of it (no second copy); for per-head q/k norms without clipping (and
         :meth:`norm` not overridden), both norms' weights become one ``qk_norm [q heads + k heads,
         head_dim]`` (each head's row its half's weight)."""
@@ -165,7 +167,8 @@ class MoEModel(ExpertProducts, ModelDescription):
         alike = all((t.dtype, t.shape[1:], t.device) == same and t.is_contiguous() for t in parts)
         if not alike or len({b is None for b in biases}) > 1:
             return
-        if self.dtype != torch.float32 or parts[0].device.type != "cpu" or not matrix_kind(parts[0]):
+        on_kernel = self.dtype in (torch.float32, parts[0].dtype) and parts[0].device.type == "cpu"
+        if not on_kernel or not matrix_kind(parts[0]):
             return  # torch's products: one fused product may round otherwise than the three
         sizes = [t.shape[0] for t in parts]
         fused = self.derived[p + "qkv"] = torch.cat(parts)
