@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-invariant",
         action="store_true",
         help="compute each request on its own, so its tokens never depend on what it is batched with "
-        "(float32 compute on the CPU kernel already does for Qwen3-MoE, Qwen3.6 and Gemma 4; this holds on "
-        "any path, slower)",
+        "(float32 or bfloat16 compute on the CPU kernel already does for Qwen3-MoE, Qwen3.6 and Gemma 4; "
+        "this holds on any path, slower)",
     )
     convert = command(
         "convert",

@@ -123,7 +123,7 @@ class Engine:
         ``keep_records`` keeps the log of every group and read (for a timeline); a long-running
         server leaves it off and keeps running totals only. ``batch_invariant`` computes each
         request's jobs on their own, so its tokens never depend on what it was batched with (float32
-        compute on the CPU kernel already gives that for Qwen3-MoE, Qwen3.6 and Gemma 4:
+        or bfloat16 compute on the CPU kernel already gives that for Qwen3-MoE, Qwen3.6 and Gemma 4:
         docs/architecture.md; this holds on any path, slower).
         ``dtype``: compute and cache dtype (``auto``: bfloat16 on CUDA; on CPU float32 where the CPU
         kernel multiplies the experts as stored (a GGUF, a bf16/f16 checkpoint), else the faster of
