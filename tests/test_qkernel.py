@@ -26,8 +26,10 @@ from runahead.models.quant import dequantize
 from modelhelpers import random_moe_inputs
 
 needs_kernel = pytest.mark.skipif(not qkernel.available(), reason="no C compiler here")
-BUILDS = [None, "portable"]
-"""The build chosen for this CPU (AVX2 where it runs), and the portable C one (what arm64 runs)."""
+BUILDS = [None, "portable", *(["avx2"] if qkernel.bf16_dot() else [])]
+"""The build chosen for this CPU (AVX2 where it runs, AVX-512 BF16 where that does), the portable C one
+(what arm64 runs), and the AVX2 one where the AVX-512 one was chosen."""
+needs_bf16_dot = pytest.mark.skipif(not qkernel.bf16_dot(), reason="no AVX-512 BF16 on this CPU")
 
 
 HALF = {"BF16": torch.bfloat16, "F16": torch.float16}
@@ -90,6 +92,44 @@ def test_grouped_product_equals_the_dequantized_product(kind: str, threads: int,
         rest = x[5 : 5 + rows]
         some = qkernel.grouped_product(rest, [mats[1][0].data_ptr()], [(0, rows)], kind, n, build=build)
         assert torch.equal(some[0], y[5])
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_rows_times_a_bf16_matrix_with_the_cpus_dot_products(threads: int) -> None:
+    """:data:`qkernel.BF16_DOT`: bfloat16 rows as they are, each pair's product exact and the sums in
+    float32: within float32 rounding of the exact products (as the widened rows' pass), and a row's
+    result the same alone, beside others and in any pass size; the other builds refuse it."""
+    n, k = 70, 96
+    spans = [(0, 1), (1, 12), (12, 16)]
+    mats = [torch.from_numpy(_matrix("BF16", n, k, seed)[1].numpy()).to(torch.bfloat16) for seed in range(3)]
+    x = torch.randn(16, k).to(torch.bfloat16)
+    pointers = [m.data_ptr() for m in mats]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = qkernel.grouped_product(x, pointers, spans, qkernel.BF16_DOT, n)
+        widened = qkernel.grouped_product(x.float(), pointers, spans, "BF16", n)
+        alone = [
+            qkernel.grouped_product(x[i : i + 1], [pointers[1]], [(0, 1)], qkernel.BF16_DOT, n)
+            for i in (5, 6)
+        ]
+    finally:
+        torch.set_num_threads(previous)
+    for (start, stop), matrix in zip(spans, mats, strict=True):
+        want = x[start:stop].double() @ matrix.double().T
+        scale = x[start:stop].double().abs() @ matrix.double().abs().T
+        assert ((y[start:stop].double() - want).abs() <= 4e-6 * scale).all()
+        assert ((widened[start:stop].double() - want).abs() <= 4e-6 * scale).all()
+    assert torch.equal(alone[0][0], y[5]) and torch.equal(alone[1][0], y[6])
+    for rows in range(1, 10):
+        some = qkernel.grouped_product(x[5 : 5 + rows], [pointers[1]], [(0, rows)], qkernel.BF16_DOT, n)
+        assert torch.equal(some[0], y[5])
+    assert qkernel.multiplies(qkernel.BF16_DOT, (k,))
+    with pytest.raises(ValueError, match="bfloat16"):
+        qkernel.grouped_product(x.float(), pointers, spans, qkernel.BF16_DOT, n)
+    with pytest.raises(ValueError, match="no bf16 dot products"):
+        qkernel.grouped_product(x, pointers, spans, qkernel.BF16_DOT, n, build="avx2")
 
 
 @needs_kernel

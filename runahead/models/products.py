@@ -132,12 +132,19 @@ class ExpertProducts:
         few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= limit]
         if few:
             runs = [(start, stop) for _, start, stop in few]
-            gate_up = qkernel.grouped_product(
-                rows.float(), [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter
-            ).to(rows.dtype)  # half-width compute: rounded once, as torch's half-width product rounds
+            gate_ups = [slot + gate_at for slot, _, _ in few]
+            if rows.dtype == torch.float32:
+                gate_up = qkernel.grouped_product(rows, gate_ups, runs, kind, 2 * inter)
+            else:  # half-width compute: rounded once, as torch's half-width product rounds
+                x, as_kind = _kernel_rows(rows, kind)
+                gate_up = qkernel.grouped_product(x, gate_ups, runs, as_kind, 2 * inter).to(rows.dtype)
             hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
             downs = [slot + down_at for slot, _, _ in few]
-            out = qkernel.grouped_product(hidden.float(), downs, runs, kind, width).to(rows.dtype)
+            if rows.dtype == torch.float32:
+                out = qkernel.grouped_product(hidden, downs, runs, kind, width)
+            else:
+                x, as_kind = _kernel_rows(hidden, kind)
+                out = qkernel.grouped_product(x, downs, runs, as_kind, width).to(rows.dtype)
         else:
             out = torch.empty(rows.shape[0], width, dtype=rows.dtype)
         for expert, start, stop in spans:
@@ -240,11 +247,22 @@ def half_product(x: Tensor, matrix: int, kind: str, n: int, bias: Tensor | None 
     rounded once to the rows' dtype: torch's half-width product's arithmetic, its sums in another
     order. So each row's result never depends on the rows beside it (torch's half-width products
     pick their blocking by the row count), and at decode's few rows it is 2-3x faster here
-    (``bench/dense_kernel.py --dtype bfloat16``)."""
-    y = qkernel.product(x.float(), matrix, kind, n)
+    (``bench/dense_kernel.py --dtype bfloat16``). Where the build has bf16 dot products
+    (:func:`~runahead.models.qkernel.bf16_dot`) bfloat16 rows go in as they are
+    (:data:`~runahead.models.qkernel.BF16_DOT`: the same products, added in another order)."""
+    rows, as_kind = _kernel_rows(x, kind)
+    y = qkernel.product(rows, matrix, as_kind, n)
     if bias is not None:
         y += bias
     return y.to(x.dtype)
+
+
+def _kernel_rows(x: Tensor, kind: str) -> tuple[Tensor, str]:
+    """Half-width rows ``x`` as the kernel takes them for a ``kind`` matrix of their dtype: bfloat16 rows
+    as they are with the bf16 dot products where the build has them, else widened to float32."""
+    if kind == "BF16" and qkernel.bf16_dot():
+        return x, qkernel.BF16_DOT
+    return x.float(), kind
 
 
 def matrix_kind(w: Tensor) -> str:

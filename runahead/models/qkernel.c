@@ -19,6 +19,14 @@
  * all three) the AVX2 intrinsics below; otherwise portable C written so that the compiler vectorizes it for
  * the target's baseline vector unit (NEON on arm64, SSE2 on x86-64): eight float lanes per output, summed
  * in the same tree order as the AVX2 body.
+ *
+ * Kind 5 (BF16 dot) is a BF16 matrix times rows that are themselves bfloat16 (x holds 2-byte values: a
+ * bfloat16 compute's rows), with the CPU's bf16 dot products (VDPBF16PS: each pair's product exact, added
+ * in float32 with round-to-nearest-even, subnormals flushed): only in the build with -mavx512bf16 (the
+ * loader passes it only on a CPU with AVX-512 F, BW, VL and BF16). Sixteen float lanes per output, each
+ * taking two weights of every 32-weight block, summed block after block and then in one tree order: as
+ * in the other kinds, a row's result never depends on the rows beside it (but differs in its last bits
+ * from kind 2's on widened rows).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -27,7 +35,7 @@
 #define ROWS 8   /* rows sharing one pass over a matrix row */
 #define CHUNK 32 /* outputs per unit of work */
 
-static const int64_t BLOCK_BYTES[5] = {18, 34, 64, 64, 128}; /* bytes per 32 weights, by kind */
+static const int64_t BLOCK_BYTES[6] = {18, 34, 64, 64, 128, 64}; /* bytes per 32 weights, by kind */
 #define THREAD_BYTES (4 << 20)                                  /* weights read per thread started */
 /* How far ahead of the rows being multiplied their matrix is prefetched into L2. A few-row product reads
  * each weight once and does little with it: without this, one core waits on memory for most of the call
@@ -43,9 +51,14 @@ static inline int64_t rows_ahead(int64_t stride) { return stride >= PREFETCH_BYT
 #include <immintrin.h>
 #define RUNAHEAD_AVX2 1
 #endif
+#if defined(RUNAHEAD_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define RUNAHEAD_BF16_DOT 1
+#endif
 
 typedef struct {
-    int kind; /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks), 2: BF16, 3: F16 (64-byte blocks), 4: F32 */
+    /* 0: Q4_0 (18-byte blocks), 1: Q8_0 (34-byte blocks), 2: BF16, 3: F16 (64-byte blocks), 4: F32,
+     * 5: BF16 times bfloat16 rows (x holds 2-byte values) */
+    int kind;
     const float *x;
     float *y;
     int64_t n, k, segments, units_per_segment, units;
@@ -126,15 +139,63 @@ static inline __attribute__((always_inline)) void outputs(int kind, const uint8_
         for (int r = 0; r < rows; r++) y[r * n + i + o] = lane_sum(acc[o][r]);
 }
 
+#ifdef RUNAHEAD_BF16_DOT
+/* Kind 5: outputs i .. i + outs - 1 of `rows` bfloat16 rows (x: 2-byte values, stride k) times a BF16
+ * matrix, with VDPBF16PS; the lanes of each output summed in one order whatever `rows` and `outs`. */
+static inline __attribute__((always_inline)) void dot_outputs(const uint8_t *w, const uint16_t *x, float *y,
+                                                              const int rows, int64_t n, int64_t k, int64_t i,
+                                                              const int outs) {
+    const int64_t blocks = k / 32, stride = blocks * 64;
+    const uint8_t *ahead = w + rows_ahead(stride) * stride; /* never dereferenced: prefetches do not fault */
+    __m512 acc[4][ROWS];
+    for (int o = 0; o < outs; o++)
+        for (int r = 0; r < rows; r++) acc[o][r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint16_t *xb = x + b * 32;
+        for (int o = 0; o < outs; o++) {
+            _mm_prefetch((const char *)(ahead + (i + o) * stride + b * 64), _MM_HINT_T1);
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + (i + o) * stride + b * 64);
+            for (int r = 0; r < rows; r++)
+                acc[o][r] = _mm512_dpbf16_ps(acc[o][r], wv, (__m512bh)_mm512_loadu_si512(xb + r * k));
+        }
+    }
+    for (int o = 0; o < outs; o++)
+        for (int r = 0; r < rows; r++) {
+            const __m512 a = acc[o][r];
+            const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+            y[r * n + i + o] = lane_sum(_mm256_add_ps(_mm512_castps512_ps256(a), high));
+        }
+}
+#endif
+
 #define RUN(ROWS_, OUTS_)                                                                                   \
     for (; i + (OUTS_) <= i1; i += (OUTS_)) outputs(kind, w, x, y, ROWS_, n, k, i, OUTS_);                  \
     for (; i < i1; i++) outputs(kind, w, x, y, ROWS_, n, k, i, 1);                                          \
+    return;
+#define DOT(ROWS_, OUTS_)                                                                                   \
+    for (; i + (OUTS_) <= i1; i += (OUTS_)) dot_outputs(w, rows16, y, ROWS_, n, k, i, OUTS_);               \
+    for (; i < i1; i++) dot_outputs(w, rows16, y, ROWS_, n, k, i, 1);                                       \
     return;
 
 /* Outputs [i0, i1) of `rows` (<= ROWS) rows x (stride k) into y (stride n), matrix w. */
 static void product(int kind, const uint8_t *w, const float *x, float *y, int rows, int64_t n, int64_t k,
                     int64_t i0, int64_t i1) {
     int64_t i = i0;
+#ifdef RUNAHEAD_BF16_DOT
+    if (kind == 5) {
+        const uint16_t *rows16 = (const uint16_t *)(const void *)x;
+        switch (rows) {
+        case 1: DOT(1, 4)
+        case 2: DOT(2, 4)
+        case 3: DOT(3, 2)
+        case 4: DOT(4, 2)
+        case 5: DOT(5, 1)
+        case 6: DOT(6, 1)
+        case 7: DOT(7, 1)
+        default: DOT(8, 1)
+        }
+    }
+#endif
     switch (rows) {
     case 1: RUN(1, 4)
     case 2: RUN(2, 4)
@@ -147,6 +208,7 @@ static void product(int kind, const uint8_t *w, const float *x, float *y, int ro
     }
 }
 #undef RUN
+#undef DOT
 #else
 static inline float half_to_float(uint16_t h) { /* IEEE binary16 -> binary32, exact */
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
@@ -225,9 +287,11 @@ static void *worker(void *arg) {
         const int64_t s = unit / job->units_per_segment, i0 = (unit % job->units_per_segment) * CHUNK;
         const int64_t i1 = i0 + CHUNK < job->n ? i0 + CHUNK : job->n;
         const uint8_t *w = (const uint8_t *)(intptr_t)job->weights[s];
+        const int64_t row_bytes = job->k * (job->kind == 5 ? 2 : 4); /* bfloat16 rows, or float32 ones */
         for (int64_t r = job->starts[s]; r < job->stops[s]; r += ROWS) {
             const int rows = job->stops[s] - r < ROWS ? (int)(job->stops[s] - r) : ROWS;
-            product(job->kind, w, job->x + r * job->k, job->y + r * job->n, rows, job->n, job->k, i0, i1);
+            const float *x = (const float *)(const void *)((const uint8_t *)job->x + r * row_bytes);
+            product(job->kind, w, x, job->y + r * job->n, rows, job->n, job->k, i0, i1);
         }
     }
 }
@@ -236,7 +300,12 @@ static void *worker(void *arg) {
 int runahead_grouped_product(int kind, const float *x, float *y, int64_t n, int64_t k, int64_t segments,
                              const int64_t *weights, const int64_t *starts, const int64_t *stops,
                              int threads) {
-    if (kind < 0 || kind > 4 || k % 32 || n <= 0 || segments < 0) return -1;
+#ifdef RUNAHEAD_BF16_DOT
+    const int kinds = 6;
+#else
+    const int kinds = 5; /* kind 5 only where the CPU's bf16 dot products are built in */
+#endif
+    if (kind < 0 || kind >= kinds || k % 32 || n <= 0 || segments < 0) return -1;
     work_t job = {kind, x, y, n, k, segments, (n + CHUNK - 1) / CHUNK, 0, weights, starts, stops, 0};
     job.units = job.segments * job.units_per_segment;
     /* A helper thread costs tens to hundreds of microseconds to start (more where an idle vCPU must be
