@@ -183,6 +183,30 @@ def test_the_portable_build_can_be_chosen(monkeypatch: Any) -> None:
         qkernel.load("neon")
 
 
+@needs_kernel
+@pytest.mark.parametrize("mode", ["on", "avx2"])
+def test_the_build_follows_the_cpus_features_and_the_setting(mode: str, monkeypatch: Any) -> None:
+    """``on`` takes the AVX-512 BF16 build where the CPU has its features (else AVX2, else portable);
+    ``avx2`` never the AVX-512 one. The CPU's features are made up here, so every branch is taken
+    whatever this machine has (each build still compiles here: the compiler targets, not the CPU)."""
+    monkeypatch.setenv("RUNAHEAD_QUANT_KERNEL", mode)
+    chosen = {}
+    for flags in (
+        {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
+        {"avx2", "fma", "f16c"},
+        set(),
+    ):
+        monkeypatch.setattr(
+            qkernel, "_lacks", lambda wanted, flags=flags: None if wanted <= flags else "lacks"
+        )
+        monkeypatch.setattr(qkernel, "load", lambda name: type("Build", (), {"variant": name})())
+        qkernel._library.cache_clear()
+        chosen[len(flags)] = qkernel.variant()
+    qkernel._library.cache_clear()
+    best = "avx512bf16" if mode == "on" else "avx2"
+    assert chosen == {7: best, 3: "avx2", 0: "portable"}
+
+
 def test_the_kernel_can_be_switched_off(monkeypatch: Any) -> None:
     monkeypatch.setenv("RUNAHEAD_QUANT_KERNEL", "off")
     qkernel._library.cache_clear()
