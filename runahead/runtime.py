@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import Backend, CacheWatcher, SpeculativeGate, TokenScorer
+from runahead.backend import READS_IN_FLIGHT, Backend, CacheWatcher, SpeculativeGate, TokenScorer
 from runahead.cache import ExpertCache
 from runahead.clock import Clock, VirtualTimeLoop
 from runahead.health import Health, RequestFailed
@@ -51,7 +51,7 @@ class RuntimeConfig:
     policy: PolicyConfig | str = "runahead"
     eviction: str = "lfu"
     step_barrier: bool = True
-    link_queue_depth: int = 2
+    link_queue_depth: int = READS_IN_FLIGHT
     max_active: int | None = None
     record_selections: bool = False
     keep_records: bool = True  # off for long-running servers: only running totals are kept

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runahead import loops
+from runahead.backend import READS_IN_FLIGHT
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import host_cpu, summarize
 from runahead.models.layout import EXPERT_SLOTS
@@ -40,7 +41,7 @@ class TorchPoint:
     eviction: str = "lfu"
     warmup_steps: int = 8
     seed: int = 0
-    queue_depth: int = 2
+    queue_depth: int = READS_IN_FLIGHT
     preload: bool = False  # read every expert that fits into the cache before the run
     dtype: str = "auto"  # compute and cache dtype: float32, bfloat16, float16 or auto (timed at start)
     backend: str = "torch"  # or "mlx" (the same measurement on MLX)

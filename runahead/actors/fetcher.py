@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from runahead.backend import Backend
+from runahead.backend import READS_IN_FLIGHT, Backend
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.health import Health
@@ -46,7 +46,7 @@ class ExpertFetcher:
         issuer: asyncio.Queue[IssuerMessage],
         clock: Clock,
         recorder: Recorder,
-        queue_depth: int = 2,
+        queue_depth: int = READS_IN_FLIGHT,
         health: Health | None = None,
         read_retries: int = 2,
         retry_pause_s: float = 0.01,

@@ -30,6 +30,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.backends.common import (
     RequestLifecycle,
     SlotOwners,
@@ -129,7 +130,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         cache_fraction: float | None = None,
         device: str = "auto",
         store: str = "disk",
-        queue_depth: int = 2,
+        queue_depth: int = READS_IN_FLIGHT,
         dtype: str = "auto",
         link_bandwidth: float | None = None,
         **options: Any,

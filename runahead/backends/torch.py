@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import torch
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.backends.common import (
     RequestLifecycle,
     SlotOwners,
@@ -113,7 +114,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         cache_fraction: float | None = None,
         device: str = "cpu",
         store: Literal["disk", "host"] = "disk",
-        queue_depth: int = 2,
+        queue_depth: int = READS_IN_FLIGHT,
         dtype: torch.dtype | str = torch.float32,
         expert_slots: Literal["auto", "stored", "compute"] = "auto",
         link_bandwidth: float | None = None,

@@ -20,6 +20,7 @@ from typing import Literal
 
 import torch
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.models.layout import ExpertLayout
 from runahead.store.base import (
     ALIGNMENT,
@@ -57,7 +58,7 @@ def make_store(
     kind: Literal["disk", "host"],
     layout: ExpertLayout,
     *,
-    queue_depth: int = 2,
+    queue_depth: int = READS_IN_FLIGHT,
     direct: bool = True,
     dtype: torch.dtype = torch.float32,
     pin_memory: bool | None = None,

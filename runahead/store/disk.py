@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.models.layout import ExpertLayout
 from runahead.store.base import (
     ALIGNMENT,
@@ -45,7 +46,7 @@ class DiskStore:
     def __init__(
         self,
         layout: ExpertLayout,
-        queue_depth: int = 2,
+        queue_depth: int = READS_IN_FLIGHT,
         direct: bool = True,
         alignment: int = ALIGNMENT,
         link_bandwidth: float | None = None,

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.models.layout import ExpertLayout
 from runahead.store.base import (
     _check_slot,
@@ -38,7 +39,7 @@ class HostStore:
         layout: ExpertLayout,
         dtype: torch.dtype = torch.float32,
         pin_memory: bool | None = None,
-        queue_depth: int = 2,
+        queue_depth: int = READS_IN_FLIGHT,
         link_bandwidth: float | None = None,
     ) -> None:
         validate_layout(layout)

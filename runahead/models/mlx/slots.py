@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.models.mlx.checkpoint import Checkpoint, Piece
 from runahead.models.mlx.ggufq import GGUF_QUANT, repack
 from runahead.store.base import ALIGNMENT, _Executor, _Read
@@ -91,7 +92,7 @@ class ExpertReader:
     def __init__(
         self,
         experts: Mapping[tuple[int, int], tuple[Piece, ...]],
-        queue_depth: int = 2,
+        queue_depth: int = READS_IN_FLIGHT,
         direct: bool = True,
         link_bandwidth: float | None = None,
     ) -> None:
