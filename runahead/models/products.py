@@ -132,19 +132,9 @@ class ExpertProducts:
         few = [(experts[e].data_ptr(), a, b) for e, a, b in spans if b - a <= limit]
         if few:
             runs = [(start, stop) for _, start, stop in few]
-            gate_ups = [slot + gate_at for slot, _, _ in few]
-            if rows.dtype == torch.float32:
-                gate_up = qkernel.grouped_product(rows, gate_ups, runs, kind, 2 * inter)
-            else:  # half-width compute: rounded once, as torch's half-width product rounds
-                x, as_kind = _kernel_rows(rows, kind)
-                gate_up = qkernel.grouped_product(x, gate_ups, runs, as_kind, 2 * inter).to(rows.dtype)
+            gate_up = _grouped(rows, [slot + gate_at for slot, _, _ in few], runs, kind, 2 * inter)
             hidden = self.glu(gate_up[:, :inter], gate_up[:, inter:])  # rows of no run: zeros
-            downs = [slot + down_at for slot, _, _ in few]
-            if rows.dtype == torch.float32:
-                out = qkernel.grouped_product(hidden, downs, runs, kind, width)
-            else:
-                x, as_kind = _kernel_rows(hidden, kind)
-                out = qkernel.grouped_product(x, downs, runs, as_kind, width).to(rows.dtype)
+            out = _grouped(hidden, [slot + down_at for slot, _, _ in few], runs, kind, width)
         else:
             out = torch.empty(rows.shape[0], width, dtype=rows.dtype)
         for expert, start, stop in spans:
@@ -255,6 +245,16 @@ def half_product(x: Tensor, matrix: int, kind: str, n: int, bias: Tensor | None 
     if bias is not None:
         y += bias
     return y.to(x.dtype)
+
+
+def _grouped(rows: Tensor, matrices: list[int], runs: list[tuple[int, int]], kind: str, n: int) -> Tensor:
+    """:func:`~runahead.models.qkernel.grouped_product` for float32 rows, or for half-width rows of the
+    matrices' own dtype (:func:`_kernel_rows`), the result rounded once to that dtype, as torch's
+    half-width product rounds it."""
+    if rows.dtype == torch.float32:
+        return qkernel.grouped_product(rows, matrices, runs, kind, n)
+    x, as_kind = _kernel_rows(rows, kind)
+    return qkernel.grouped_product(x, matrices, runs, as_kind, n).to(rows.dtype)
 
 
 def _kernel_rows(x: Tensor, kind: str) -> tuple[Tensor, str]:

@@ -177,6 +177,20 @@ static inline __attribute__((always_inline)) void dot_outputs(const uint8_t *w, 
     for (; i < i1; i++) dot_outputs(w, rows16, y, ROWS_, n, k, i, 1);                                       \
     return;
 
+/* The body for `rows` rows: outputs a few at a time where the rows are few (1-2 rows: 4 outputs at once,
+ * 3-4 rows: 2), so each pass keeps up to 8 accumulators busy. */
+#define BY_ROWS(BODY)                                                                                       \
+    switch (rows) {                                                                                         \
+    case 1: BODY(1, 4)                                                                                      \
+    case 2: BODY(2, 4)                                                                                      \
+    case 3: BODY(3, 2)                                                                                      \
+    case 4: BODY(4, 2)                                                                                      \
+    case 5: BODY(5, 1)                                                                                      \
+    case 6: BODY(6, 1)                                                                                      \
+    case 7: BODY(7, 1)                                                                                      \
+    default: BODY(8, 1)                                                                                     \
+    }
+
 /* Outputs [i0, i1) of `rows` (<= ROWS) rows x (stride k) into y (stride n), matrix w. */
 static void product(int kind, const uint8_t *w, const float *x, float *y, int rows, int64_t n, int64_t k,
                     int64_t i0, int64_t i1) {
@@ -184,31 +198,14 @@ static void product(int kind, const uint8_t *w, const float *x, float *y, int ro
 #ifdef RUNAHEAD_BF16_DOT
     if (kind == 5) {
         const uint16_t *rows16 = (const uint16_t *)(const void *)x;
-        switch (rows) {
-        case 1: DOT(1, 4)
-        case 2: DOT(2, 4)
-        case 3: DOT(3, 2)
-        case 4: DOT(4, 2)
-        case 5: DOT(5, 1)
-        case 6: DOT(6, 1)
-        case 7: DOT(7, 1)
-        default: DOT(8, 1)
-        }
+        BY_ROWS(DOT)
     }
 #endif
-    switch (rows) {
-    case 1: RUN(1, 4)
-    case 2: RUN(2, 4)
-    case 3: RUN(3, 2)
-    case 4: RUN(4, 2)
-    case 5: RUN(5, 1)
-    case 6: RUN(6, 1)
-    case 7: RUN(7, 1)
-    default: RUN(8, 1)
-    }
+    BY_ROWS(RUN)
 }
 #undef RUN
 #undef DOT
+#undef BY_ROWS
 #else
 static inline float half_to_float(uint16_t h) { /* IEEE binary16 -> binary32, exact */
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
