@@ -60,6 +60,7 @@ def run_generate(args: argparse.Namespace) -> int:
         backend=args.backend,
         link_bandwidth=a.bytes_per_second(args.link_gbps),
         threads=args.threads,
+        reads_in_flight=args.reads_in_flight,
     )
     if streaming:
         print()
@@ -115,6 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     max_waiting=args.max_waiting,
                     link_bandwidth=a.bytes_per_second(args.link_gbps),
                     threads=args.threads,
+                    **({} if args.reads_in_flight is None else {"reads_in_flight": args.reads_in_flight}),
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
@@ -185,6 +187,11 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"{args.backend} (it decodes the chat workload)"
             )
         return run_torch_bench(args)
+    if args.reads_in_flight is not None:
+        raise ValueError(
+            "--reads-in-flight sets a real store's reads; the sim's link keeps its profile's "
+            "link_queue_depth: drop it, or give --backend torch or mlx"
+        )
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
     if trace is not None and model is None:
@@ -305,6 +312,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             expert_slots=args.expert_slots,
             link_gbps=args.link_gbps,
             threads=args.threads,
+            **({} if args.reads_in_flight is None else {"queue_depth": args.reads_in_flight}),
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             args.concurrency, args.cache_fraction, args.step_barrier, args.policy

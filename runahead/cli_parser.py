@@ -292,3 +292,10 @@ def _add_link_cap(parser: argparse.ArgumentParser) -> None:
         help="torch/mlx: pace expert reads to a serial link of this many GB/s (a steady stand-in for a "
         "device's link; every byte still read from the store)",
     )
+    parser.add_argument(
+        "--reads-in-flight",
+        type=a.integer(1),
+        default=None,
+        metavar="N",
+        help="torch/mlx: expert reads kept in flight at once (default 4; an NVMe drive may want more)",
+    )

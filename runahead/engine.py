@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from runahead.backend import READS_IN_FLIGHT
 from runahead.health import RequestFailed
 from runahead.jobs import RequestSpec
 from runahead.runtime import RequestHandle, Runtime, RuntimeConfig
@@ -114,6 +115,7 @@ class Engine:
         max_waiting: int = DEFAULT_MAX_WAITING,
         link_bandwidth: float | None = None,
         threads: int | str = "auto",
+        reads_in_flight: int = READS_IN_FLIGHT,
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
@@ -135,9 +137,14 @@ class Engine:
         ``threads`` (torch on CPU): torch's intra-op compute threads, a count or ``auto`` (every core
         but one: :mod:`runahead.backends.threads`); a process-wide torch setting. MLX picks its own:
         a count given with ``backend="mlx"`` is a ValueError.
+        ``reads_in_flight``: expert reads kept in flight at once (the store's workers and the runtime's
+        link workers; default :data:`runahead.backend.READS_IN_FLIGHT`): an NVMe drive may want more,
+        a slow serial link fewer; below 1: ValueError.
         """
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        if not isinstance(reads_in_flight, int) or reads_in_flight < 1:
+            raise ValueError(f"reads_in_flight must be a whole number >= 1, got {reads_in_flight!r}")
         if backend not in ("torch", "mlx"):
             raise ValueError(f"Engine.open serves real models on the torch or mlx backend, not {backend!r}")
         if backend == "mlx" and threads != "auto":
@@ -163,6 +170,7 @@ class Engine:
             batch_invariant=batch_invariant,
             dtype=dtype,
             link_bandwidth=link_bandwidth,
+            queue_depth=reads_in_flight,
             **torch_only,
         )
         config = real_backend.model.config
@@ -172,6 +180,7 @@ class Engine:
                 cache_slots=real_backend.num_slots,
                 policy=policy,
                 step_barrier=step_barrier,
+                link_queue_depth=reads_in_flight,
                 prefill_chunk=prefill_chunk,
                 record_selections=record_selections,
                 keep_records=keep_records,  # off by default: a server keeps totals, not a log of every read

@@ -49,11 +49,13 @@ def generate(
     backend: str = "torch",
     link_bandwidth: float | None = None,
     threads: int | str = "auto",
+    reads_in_flight: int | None = None,
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
     With ``on_text``, the first copy's text is passed along as it is generated. ``backend``: ``torch``
-    or ``mlx``. ``link_bandwidth`` and ``threads``: as for :meth:`runahead.engine.Engine.open`.
+    or ``mlx``. ``link_bandwidth``, ``threads`` and ``reads_in_flight`` (None: the default): as for
+    :meth:`runahead.engine.Engine.open`.
     """
     from runahead.engine import Engine
 
@@ -75,6 +77,7 @@ def generate(
             batch_invariant=batch_invariant,
             link_bandwidth=link_bandwidth,
             threads=threads,
+            **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}),
         )
         async with engine:
             ids = engine.encode(prompt)

@@ -71,6 +71,8 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["serve", "m", "--link-gbps", "-1"], "argument --link-gbps: must be > 0.0, got -1.0"),
         (["generate", "m", "--prompt", "x", "--link-gbps", "0"], "--link-gbps: must be > 0.0, got 0.0"),
         (["bench", "--threads", "0"], "argument --threads: must be >= 1, got 0"),
+        (["serve", "m", "--reads-in-flight", "0"], "argument --reads-in-flight: must be >= 1, got 0"),
+        (["bench", "--reads-in-flight", "8"], "the sim's link keeps its profile's link_queue_depth"),
         (["serve", "m", "--threads", "two"], "argument --threads: expected an integer, got 'two'"),
         (["generate", "m", "--prompt", "x", "--temperature", "nan"], "expected a finite number, got 'nan'"),
         (

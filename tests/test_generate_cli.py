@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -200,3 +201,40 @@ def test_a_link_cap_reaches_the_backend_and_changes_no_token(
     capped = json.loads(capsys.readouterr().out)["token_ids"]
     assert capped == free
     assert opened[0] is None and opened[1] is not None and opened[1].bandwidth == 0.25e9
+
+
+def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
+    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--reads-in-flight`` (``Engine.open(reads_in_flight=...)``): the store's read workers and the
+    runtime's link workers both take it (four by default); the tokens stay the same."""
+    from runahead.backends.torch import TorchBackend
+    from runahead.engine import Engine
+
+    depths = []
+    open_backend = TorchBackend.open
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        backend = open_backend(*args, **kwargs)
+        depths.append(backend.store._executor.queue_depth)
+        return backend
+
+    monkeypatch.setattr(TorchBackend, "open", recording)
+    links = []
+    engine_open = Engine.open.__func__  # type: ignore[attr-defined]
+
+    async def engine_recording(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        engine = await engine_open(cls, *args, **kwargs)
+        links.append(engine.runtime.config.link_queue_depth)
+        return engine
+
+    monkeypatch.setattr(Engine, "open", classmethod(engine_recording))
+    argv = ["generate", str(model), "--prompt-ids", "5,17,42", "--max-tokens", "6", "--json"]
+    main(argv)
+    default = json.loads(capsys.readouterr().out)["token_ids"]
+    main([*argv, "--reads-in-flight", "1"])
+    one = json.loads(capsys.readouterr().out)["token_ids"]
+    assert one == default
+    assert depths == [4, 1] and links == [4, 1]
+    with pytest.raises(ValueError, match="reads_in_flight must be a whole number >= 1, got 0"):
+        asyncio.run(Engine.open(str(model), reads_in_flight=0))
