@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -180,25 +181,40 @@ def test_a_recorded_trace_replays_on_its_own_model_spec(
         assert message in capsys.readouterr().err
 
 
-def test_a_link_cap_reaches_the_backend_and_changes_no_token(
-    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def record_opened_stores(monkeypatch: pytest.MonkeyPatch, what: Any) -> list[Any]:
+    """What ``what`` reads from the read workers (``store._executor``) of every torch backend opened
+    from now on, in order."""
     from runahead.backends.torch import TorchBackend
 
-    opened = []
+    seen: list[Any] = []
     open_backend = TorchBackend.open
 
     def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
         backend = open_backend(*args, **kwargs)
-        opened.append(backend.store._executor.link)
+        seen.append(what(backend.store._executor))
         return backend
 
     monkeypatch.setattr(TorchBackend, "open", recording)
+    return seen
+
+
+def tokens_without_and_with(
+    model: Path, capsys: pytest.CaptureFixture[str], options: list[str]
+) -> tuple[list[int], list[int]]:
+    """``runahead generate``'s tokens for one prompt, without and then with ``options``."""
     argv = ["generate", str(model), "--prompt-ids", "5,17,42", "--max-tokens", "6", "--json"]
-    main(argv)
-    free = json.loads(capsys.readouterr().out)["token_ids"]
-    main([*argv, "--link-gbps", "0.25"])
-    capped = json.loads(capsys.readouterr().out)["token_ids"]
+    seen = []
+    for extra in ([], options):
+        main([*argv, *extra])
+        seen.append(json.loads(capsys.readouterr().out)["token_ids"])
+    return seen[0], seen[1]
+
+
+def test_a_link_cap_reaches_the_backend_and_changes_no_token(
+    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = record_opened_stores(monkeypatch, lambda executor: executor.link)
+    free, capped = tokens_without_and_with(model, capsys, ["--link-gbps", "0.25"])
     assert capped == free
     assert opened[0] is None and opened[1] is not None and opened[1].bandwidth == 0.25e9
 
@@ -208,18 +224,9 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
 ) -> None:
     """``--reads-in-flight`` (``Engine.open(reads_in_flight=...)``): the store's read workers and the
     runtime's link workers both take it (four by default); the tokens stay the same."""
-    from runahead.backends.torch import TorchBackend
     from runahead.engine import Engine
 
-    depths = []
-    open_backend = TorchBackend.open
-
-    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
-        backend = open_backend(*args, **kwargs)
-        depths.append(backend.store._executor.queue_depth)
-        return backend
-
-    monkeypatch.setattr(TorchBackend, "open", recording)
+    depths = record_opened_stores(monkeypatch, lambda executor: executor.queue_depth)
     links = []
     engine_open = Engine.open.__func__  # type: ignore[attr-defined]
 
@@ -229,11 +236,7 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
         return engine
 
     monkeypatch.setattr(Engine, "open", classmethod(engine_recording))
-    argv = ["generate", str(model), "--prompt-ids", "5,17,42", "--max-tokens", "6", "--json"]
-    main(argv)
-    default = json.loads(capsys.readouterr().out)["token_ids"]
-    main([*argv, "--reads-in-flight", "1"])
-    one = json.loads(capsys.readouterr().out)["token_ids"]
+    default, one = tokens_without_and_with(model, capsys, ["--reads-in-flight", "1"])
     assert one == default
     assert depths == [4, 1] and links == [4, 1]
     with pytest.raises(ValueError, match="reads_in_flight must be a whole number >= 1, got 0"):
