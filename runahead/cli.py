@@ -116,7 +116,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     max_waiting=args.max_waiting,
                     link_bandwidth=a.bytes_per_second(args.link_gbps),
                     threads=args.threads,
-                    **({} if args.reads_in_flight is None else {"reads_in_flight": args.reads_in_flight}),
+                    reads_in_flight=args.reads_in_flight,
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit

@@ -115,7 +115,7 @@ class Engine:
         max_waiting: int = DEFAULT_MAX_WAITING,
         link_bandwidth: float | None = None,
         threads: int | str = "auto",
-        reads_in_flight: int = READS_IN_FLIGHT,
+        reads_in_flight: int | None = None,
     ) -> Engine:
         """Load ``model`` (a Hugging Face folder) and start the runtime; use as ``async with``.
 
@@ -138,11 +138,13 @@ class Engine:
         but one: :mod:`runahead.backends.threads`); a process-wide torch setting. MLX picks its own:
         a count given with ``backend="mlx"`` is a ValueError.
         ``reads_in_flight``: expert reads kept in flight at once (the store's workers and the runtime's
-        link workers; default :data:`runahead.backend.READS_IN_FLIGHT`): an NVMe drive may want more,
+        link workers; None: :data:`runahead.backend.READS_IN_FLIGHT`): an NVMe drive may want more,
         a slow serial link fewer; below 1: ValueError.
         """
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        if reads_in_flight is None:
+            reads_in_flight = READS_IN_FLIGHT
         if not isinstance(reads_in_flight, int) or reads_in_flight < 1:
             raise ValueError(f"reads_in_flight must be a whole number >= 1, got {reads_in_flight!r}")
         if backend not in ("torch", "mlx"):

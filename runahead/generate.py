@@ -77,7 +77,7 @@ def generate(
             batch_invariant=batch_invariant,
             link_bandwidth=link_bandwidth,
             threads=threads,
-            **({} if reads_in_flight is None else {"reads_in_flight": reads_in_flight}),
+            reads_in_flight=reads_in_flight,
         )
         async with engine:
             ids = engine.encode(prompt)

@@ -69,21 +69,22 @@ class ExpertProducts:
         if w is None:
             w = self.derived[key]
         kind = self._dense_kind(key, w)
-        if kind and x.device.type == "cpu" and x.dim() == 2 and x.dtype == w.dtype != torch.float32:
-            if x.shape[0] <= qkernel.max_rows():  # half-width compute, decode's rows: see half_product
-                return half_product(x, w.data_ptr(), kind, w.shape[0], bias)
-        elif kind and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2:
+        if kind and x.device.type == "cpu" and x.dim() == 2:
             limit = qkernel.max_rows()
-            if x.shape[0] <= limit:  # decode's rows: one call
-                y = qkernel.product(x, w.data_ptr(), kind, w.shape[0])
-                return y if bias is None else y + bias
-            if kind != qkernel.FLOAT32 and w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS:
-                parts = [
-                    qkernel.product(x[i : i + limit], w.data_ptr(), kind, w.shape[0])
-                    for i in range(0, x.shape[0], limit)
-                ]
-                y = torch.cat(parts)
-                return y if bias is None else y + bias
+            if x.dtype == w.dtype != torch.float32:  # a half-width compute: see half_product
+                if x.shape[0] <= limit:
+                    return half_product(x, w.data_ptr(), kind, w.shape[0], bias)
+            elif x.dtype == torch.float32:
+                if x.shape[0] <= limit:  # decode's rows: one call
+                    y = qkernel.product(x, w.data_ptr(), kind, w.shape[0])
+                    return y if bias is None else y + bias
+                if kind != qkernel.FLOAT32 and w.shape[0] * x.shape[1] > WIDEN_MAX_WEIGHTS:
+                    parts = [
+                        qkernel.product(x[i : i + limit], w.data_ptr(), kind, w.shape[0])
+                        for i in range(0, x.shape[0], limit)
+                    ]
+                    y = torch.cat(parts)
+                    return y if bias is None else y + bias
         if w.dtype == x.dtype:  # the compute dtype's own: no widening
             return F.linear(x, w, bias)
         from runahead.models.quant import widened
