@@ -290,7 +290,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
 
     from runahead.bench import format_table, run_sweep
     from runahead.progress import progress_bar
-    from runahead.torchbench import TorchPoint, resolve_model, run_torch_point
+    from runahead.torchbench import TorchPoint, format_handoffs, resolve_model, run_torch_point
 
     a.check_device(args.device)
     model = resolve_model(args.model or "medium")
@@ -322,6 +322,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
         report = _progress(len(points), args.quiet, advance)
         rows = run_sweep(points, args.out, progress=report, timeline=args.timeline, run=run_torch_point)
     print(format_table(rows))
+    print(format_handoffs(rows))
     return 0
 
 

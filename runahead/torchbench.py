@@ -18,6 +18,7 @@ from typing import Any
 
 from runahead import loops
 from runahead.backend import READS_IN_FLIGHT
+from runahead.backends.common import handoff_seconds
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import host_cpu, summarize
 from runahead.models.layout import EXPERT_SLOTS
@@ -161,8 +162,9 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         from runahead.timeline import write_chrome_trace
 
         write_chrome_trace(runtime.recorder, timeline)
-    metrics = summarize(runtime.recorder, runtime.cache.stats, steps=total, skip_steps=point.warmup_steps)
-    jobs = sum(record.size for record in runtime.recorder.computes)
+    recorder = runtime.recorder
+    metrics = summarize(recorder, runtime.cache.stats, steps=total, skip_steps=point.warmup_steps)
+    jobs = sum(record.size for record in recorder.computes)
     return {
         **asdict(point),
         "backend": point.backend,
@@ -173,14 +175,40 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "max_active": runtime.max_active,
         **metrics.as_row(),
         "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone
+        **_handoffs(recorder.compute_seconds, recorder.groups, backend),
         "jobs": jobs,
-        "holds": runtime.recorder.holds,  # times bottleneck grouping held a ready group back
+        "holds": recorder.holds,  # times bottleneck grouping held a ready group back
         "wall_s": wall,
         "host_cpu": host_cpu(),
         "direct_io": direct_io,
         "token_digest": hashlib.sha1(json.dumps(sorted(tokens.items())).encode()).hexdigest()[:12],
         "prompt_0": list(requests[0].prompt),
         "tokens_0": tokens[0],  # request 0's tokens, warm-up included (to compare with a peer)
+    }
+
+
+def format_handoffs(rows: Sequence[dict[str, Any]]) -> str:
+    """Each row's hand-offs between the event loop and the compute thread, per group and as a share
+    of the runtime's compute time (rows of an earlier version without them are left out)."""
+    lines = ["", "event loop <-> compute thread hand-offs (the compute thread waits meanwhile):"]
+    for row in rows:
+        handoff, share = row.get("handoff_us_per_group"), row.get("handoff_share")
+        if handoff is not None and share is not None:
+            lines.append(
+                f"{row['policy']:<28} {row['concurrency']:>4} {row['cache_fraction']:>5.2f} "
+                f"{handoff:>6.0f} us a group, {share:>4.0%} of compute"
+            )
+    return "\n".join(lines)
+
+
+def _handoffs(compute_seconds: float, groups: int, backend: Any) -> dict[str, float | None]:
+    """The row's hand-off fields: per group in microseconds, and as a share of the compute time."""
+    per_group = handoff_seconds(compute_seconds, groups, backend)
+    if per_group is None:
+        return {"handoff_us_per_group": None, "handoff_share": None}
+    return {
+        "handoff_us_per_group": per_group * 1e6,
+        "handoff_share": per_group * groups / compute_seconds if compute_seconds else None,
     }
 
 

@@ -11,6 +11,7 @@ open requests' states and the one compute thread.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, Protocol, TypeVar
@@ -52,6 +53,10 @@ class RequestLifecycle(Generic[State]):
 
     def __init__(self) -> None:
         self._requests: dict[int, State] = {}
+        self.thread_seconds = 0.0
+        """Time the compute thread spent inside ``_compute``, every group of the backend's life summed.
+        The runtime's compute time of a group (from the event loop's hand-off to its resuming with
+        the results) is longer by the two thread hand-offs: :func:`handoff_seconds`."""
 
     @property
     def vocab_size(self) -> int:
@@ -93,7 +98,27 @@ class RequestLifecycle(Generic[State]):
 
     async def compute(self, group: Group) -> Sequence[JobResult]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._compute_thread, self._compute, group)
+        return await loop.run_in_executor(self._compute_thread, self._timed_compute, group)
+
+    def _timed_compute(self, group: Group) -> list[JobResult]:
+        """``_compute`` on the compute thread, its time added to :attr:`thread_seconds`."""
+        start = time.perf_counter()
+        try:
+            return self._compute(group)
+        finally:
+            self.thread_seconds += time.perf_counter() - start
+
+
+def handoff_seconds(compute_seconds: float, groups: int, backend: object) -> float | None:
+    """Seconds per group between the event loop and a real backend's compute thread: the runtime's
+    compute time (``compute_seconds`` over ``groups``, from each hand-off to the loop resuming with
+    the results) less the thread's own (:attr:`RequestLifecycle.thread_seconds`). Both hops are on
+    the compute unit's critical path: the thread waits for its next group meanwhile. None for a
+    backend without a compute thread (the sim) or before any group."""
+    thread_seconds = getattr(backend, "thread_seconds", None)
+    if thread_seconds is None or not groups:
+        return None
+    return (compute_seconds - float(thread_seconds)) / groups
 
 
 def admit(request: RequestSpec, vocab_size: int, backend: str) -> SamplingParams:
