@@ -155,10 +155,10 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
     direct_io = getattr(backend.store, "direct", None)  # read before close() releases the files
     try:
         tokens = loops.run(main())
+        loop_cpu = time.thread_time() - loop_cpu  # this thread ran the event loop: the runtime's own CPU
     finally:
         backend.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    loop_cpu = time.thread_time() - loop_cpu  # this thread ran the event loop: the runtime's own CPU
     if timeline is not None:
         from runahead.timeline import write_chrome_trace
 
