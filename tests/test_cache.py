@@ -269,6 +269,52 @@ def test_a_group_pinned_in_one_batch_is_pinned_as_job_by_job() -> None:
     assert batched.stats == single.stats
 
 
+@pytest.mark.parametrize("name", ["lru", "lfu"])
+def test_a_group_unpinned_in_one_call_frees_as_one_release_at_a_time(name: str) -> None:
+    """``unpin_ids`` over a group whose jobs share experts (the scheduler's call after a compute)
+    leaves the same pins and makes the same entries evictable, in the order their last pin went,
+    as one release per expert: later victims are the same."""
+    import random
+
+    from runahead.jobs import Job, job_ids
+
+    rng = random.Random(11)
+    batched, single = ExpertCache(9, name), ExpertCache(9, name)
+    victims: list[list[ExpertKey]] = [[], []]
+    held: list[Job] = []  # a job pinned earlier, released with a later group: counts above one
+    for step in range(300):
+        jobs = [Job(r, step, 2, tuple(rng.sample(range(10), 3))) for r in range(rng.randrange(1, 4))]
+        for cache, log in zip((batched, single), victims, strict=True):
+            for job in jobs:
+                for key in cache.pin_all(job.keys):
+                    if cache.state(key) is EntryState.WANTED:
+                        before = set(cache.resident_keys())
+                        if cache.reserve(key) is None:
+                            continue
+                        log.extend(sorted(before - set(cache.resident_keys())))
+                        cache.complete(key)
+        released = [*held, *jobs] if step % 3 == 0 else jobs[1:]
+        held = [] if step % 3 == 0 else [*held, *jobs[:1]]
+        batched.unpin_ids(job_ids(released))
+        for expert in job_ids(released):
+            single.unpin_ids((expert,))
+        assert batched.pinned_count() == single.pinned_count()
+        assert sorted(batched.resident_keys()) == sorted(single.resident_keys())
+    assert victims[0] == victims[1] and len(victims[0]) > 50
+    assert batched.stats == single.stats
+
+
+def test_a_group_released_more_often_than_pinned_names_the_expert() -> None:
+    """An over-release inside a group is an error naming the expert; the releases before it stand."""
+    from runahead.jobs import expert_id
+
+    cache = ExpertCache(4)
+    cache.pin_all([A, B])
+    with pytest.raises(RuntimeError, match=r"refcount 0"):
+        cache.unpin_ids((expert_id(A), expert_id(B), expert_id(B)))
+    assert cache.pinned_count() == 0 and cache.state(A) is None
+
+
 def test_expert_ids_stand_for_keys_inside_and_never_equal_them() -> None:
     """The hot path's ids: one per expert, turned back into the same key, never equal to a key, and
     a pickled job's ids rebuilt from its experts (another process numbers experts its own way)."""
