@@ -183,7 +183,9 @@ def weigh_hold(
       and the rest as one group once the last is ready would.
 
     Of the candidates, the one saving the most compute net of the wait; none: no deadline (the
-    paper's rule). Pure and deterministic. ``g`` is ``group_s``; with a ``pricer`` (the same costs job by
+    paper's rule). A wait saves at most ``g(ready)`` (adding jobs never makes a group cheaper), so
+    once that, less the wait's idle, cannot beat the best candidate, later (longer) waits are not
+    priced. Pure and deterministic. ``g`` is ``group_s``; with a ``pricer`` (the same costs job by
     job, bit for bit) the two groups of option ``k`` are option ``k - 1``'s grown by one job.
     """
     price = pricer if pricer is not None else Regrouped.pricer(group_s)
@@ -193,9 +195,11 @@ def weigh_hold(
     best, best_gain, top_gain = None, 0.0, 0.0
     held = price(())
     for k, (at, job) in enumerate(waiting, 1):
+        start = max(now, at)
+        if g_ready - (start - now) < best_gain - 1e-9:
+            break  # a wait saves at most g(ready) (no group costs less than one of its parts), less its idle
         together.add(job)
         held.add(job)
-        start = max(now, at)
         g_together = together.seconds()
         gain = g_ready + held.seconds() - g_together - (start - now)
         top_gain = max(top_gain, gain)
