@@ -1,5 +1,7 @@
 """The expert cache: pins, deduplicated fetches, eviction order, wasted prefetches, the deadlock rule."""
 
+from collections.abc import Iterable
+
 import pytest
 
 from runahead.cache import EntryState, ExpertCache, admissible
@@ -14,6 +16,17 @@ def fetch(cache: ExpertCache, key: ExpertKey) -> int:
     assert slot is not None
     cache.complete(key)
     return slot
+
+
+def fetch_wanted(cache: ExpertCache, keys: Iterable[ExpertKey], victims: list[ExpertKey]) -> None:
+    """Read every key still ``WANTED`` that finds a slot, noting the keys each read evicted."""
+    for key in keys:
+        if cache.state(key) is EntryState.WANTED:
+            before = set(cache.resident_keys())
+            if cache.reserve(key) is None:
+                continue
+            victims.extend(sorted(before - set(cache.resident_keys())))
+            cache.complete(key)
 
 
 def test_miss_then_fetch_then_hit() -> None:
@@ -256,13 +269,7 @@ def test_a_group_pinned_in_one_batch_is_pinned_as_job_by_job() -> None:
         missing = [by_group, [single.pin_all(job.keys) for job in jobs]]
         assert missing[0] == missing[1]
         for cache, log, misses in zip((batched, single), victims, missing, strict=True):
-            for key in dict.fromkeys(k for keys in misses for k in keys):
-                if cache.state(key) is EntryState.WANTED:
-                    before = set(cache.resident_keys())
-                    if cache.reserve(key) is None:
-                        continue
-                    log.extend(sorted(before - set(cache.resident_keys())))
-                    cache.complete(key)
+            fetch_wanted(cache, dict.fromkeys(k for keys in misses for k in keys), log)
             cache.unpin_all([key for job in jobs for key in job.keys])
             assert cache.pinned_count() == 0
     assert victims[0] == victims[1] and len(victims[0]) > 50
@@ -286,13 +293,7 @@ def test_a_group_unpinned_in_one_call_frees_as_one_release_at_a_time(name: str) 
         jobs = [Job(r, step, 2, tuple(rng.sample(range(10), 3))) for r in range(rng.randrange(1, 4))]
         for cache, log in zip((batched, single), victims, strict=True):
             for job in jobs:
-                for key in cache.pin_all(job.keys):
-                    if cache.state(key) is EntryState.WANTED:
-                        before = set(cache.resident_keys())
-                        if cache.reserve(key) is None:
-                            continue
-                        log.extend(sorted(before - set(cache.resident_keys())))
-                        cache.complete(key)
+                fetch_wanted(cache, cache.pin_all(job.keys), log)
         released = [*held, *jobs] if step % 3 == 0 else jobs[1:]
         held = [] if step % 3 == 0 else [*held, *jobs[:1]]
         batched.unpin_ids(job_ids(released))
