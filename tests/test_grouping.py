@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 
 import pytest
+from groupinghelpers import Resident, job, shared_plus_per_job, states
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +22,6 @@ from runahead.bottleneck import (
     LineFit,
     Outlook,
     landing_order,
-    landing_times,
     weigh_hold,
 )
 from runahead.cache import ExpertCache
@@ -36,8 +35,6 @@ from runahead.jobs import (
     Job,
     RequestSpec,
     distinct_experts,
-    expert_id,
-    expert_key,
 )
 from runahead.loops import loop_factory
 from runahead.mailbox import Mailbox
@@ -48,33 +45,6 @@ from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping, StepBarrie
 from runahead.specs import load_model_spec, load_profile
 
 from simhelpers import random_trace, simulate
-
-
-def job(request: int, layer: int, experts: tuple[int, ...] = (), epoch: int = 0) -> Job:
-    return Job(request, 0, layer, experts, lane=request, epoch=epoch)
-
-
-def shared_plus_per_job(shared: float, per_job: float):  # type: ignore[no-untyped-def]
-    return lambda jobs: shared + per_job * len(jobs)
-
-
-@dataclass(frozen=True)
-class Resident:
-    """Every expert but the ``missing`` ones, by id (as the cache's ``resident_ids`` answers)."""
-
-    missing: Set[ExpertKey]
-
-    def __contains__(self, expert: object) -> bool:
-        return expert_key(expert) not in self.missing  # type: ignore[arg-type]
-
-
-def states(
-    pending: Set[ExpertKey] = frozenset(), wanted: Set[ExpertKey] = frozenset()
-) -> tuple[Resident, set[ExpertId]]:
-    """A cache view by expert id (the cache's ``resident_ids`` and ``pending_ids``): keys listed under
-    ``pending``/``wanted`` are in that state, others resident."""
-    return Resident(pending | wanted), {expert_id(key) for key in pending}
-
 
 # -- parsing -----------------------------------------------------------------------------------
 
@@ -96,100 +66,6 @@ def test_bottleneck_grouping_parses_and_prints_its_name() -> None:
 def test_an_unknown_grouping_names_the_choices() -> None:
     with pytest.raises(ValueError, match="'opportunistic', 'bottleneck'"):
         parse_policy("runahead/grouping=patient")
-
-
-# -- the pure rule ------------------------------------------------------------------------------
-
-
-def test_it_waits_when_the_link_stays_busy_and_the_wait_is_short() -> None:
-    # a group costs 1.0 shared + 0.1 per job; the link has 5 s of revealed reads queued. Waiting
-    # 0.2 s saves 1.0 s of shared work, and the held group ends at 1.4, long before the link drains
-    ready, late = [job(0, 3)], job(1, 3)
-    assert weigh_hold(0.0, ready, [(0.2, late)], 5.0, shared_plus_per_job(1.0, 0.1)).deadline == 0.2
-
-
-def test_it_runs_ahead_when_holding_would_starve_the_link() -> None:
-    # nothing queued on the link: computing now reveals the next reads at 1.1, holding for a job
-    # 0.5 s away at 1.7 (the wait is cheaper than the compute saved, but the link would idle longer)
-    ready, late = [job(0, 3)], job(1, 3)
-    assert weigh_hold(0.0, ready, [(0.5, late)], 0.0, shared_plus_per_job(1.0, 0.1)).deadline is None
-
-
-def test_it_computes_now_when_the_wait_costs_more_than_the_compute_saved() -> None:
-    # the link stays busy either way, but 2 s of idle compute buys 1 s of shared work
-    ready, late = [job(0, 3)], job(1, 3)
-    assert weigh_hold(0.0, ready, [(2.0, late)], 5.0, shared_plus_per_job(1.0, 0.1)).deadline is None
-
-
-def test_the_verdict_says_why_a_group_was_not_held() -> None:
-    # the same two declines as above, told apart: the link test (a wait that would save 0.5 s of
-    # compute) and no wait paying at all (it would lose 1 s); and a hold carries its gain too
-    ready, late = [job(0, 3)], job(1, 3)
-    costs = shared_plus_per_job(1.0, 0.1)
-    starved = weigh_hold(0.0, ready, [(0.5, late)], 0.0, costs)
-    assert starved.deadline is None and starved.top_gain == pytest.approx(0.5)
-    too_long = weigh_hold(0.0, ready, [(2.0, late)], 5.0, costs)
-    assert too_long.deadline is None and too_long.top_gain == 0.0
-    held = weigh_hold(0.0, ready, [(0.2, late)], 5.0, costs)
-    assert held.deadline == 0.2 and held.top_gain == pytest.approx(0.8)
-
-
-def test_it_waits_for_the_soonest_job_that_saves_a_group_and_leaves_the_late_ones() -> None:
-    # waiting for the first saves 1.0 s for 0.1 s of idle (net 0.9); for the first two also 1.0 s
-    # (the two would have been one group) for 0.2 s (net 0.8); for the third, 30 s: no
-    ready = [job(0, 3)]
-    waiting = [(0.1, job(1, 3)), (0.2, job(2, 3)), (30.0, job(3, 3))]
-    assert weigh_hold(0.0, ready, waiting, 5.0, shared_plus_per_job(1.0, 0.1)).deadline == 0.1
-
-
-def test_landing_times_follow_the_fetch_order_after_the_reads_in_flight() -> None:
-    a, b, c = ExpertKey(3, 1), ExpertKey(3, 2), ExpertKey(4, 5)
-    behind = job(0, 3, (1, 2))  # lowest layer: its reads go first
-    ahead = job(1, 4, (5,))
-    state = states(pending={a}, wanted={b, c})
-    ready_at, link_free_at = landing_times(10.0, [ahead, behind], *state, 0.5)
-    # a is in flight (lands by 10.5), then b (11.0), then c (11.5)
-    assert ready_at == {0: 11.0, 1: 11.5}
-    assert link_free_at == 11.5
-
-
-def test_an_expert_two_jobs_need_is_read_once() -> None:
-    shared = ExpertKey(3, 7)
-    ready_at, link_free_at = landing_times(
-        0.0, [job(0, 3, (7,)), job(1, 3, (7,))], *states(wanted={shared}), 1.0
-    )
-    assert ready_at == {0: 1.0, 1: 1.0} and link_free_at == 1.0
-
-
-def test_a_tail_group_waits_even_when_the_link_would_idle() -> None:
-    # the link has nothing queued; a group costs 1.0 + 0.1 per job and the other job lands at 0.8.
-    # Below the tail, holding reveals the next reads at 2.0 instead of 1.1: compute now.
-    ready, late = [job(0, 3)], job(1, 3)
-    group_s = shared_plus_per_job(1.0, 0.1)
-    assert weigh_hold(0.0, ready, [(0.8, late)], 0.0, group_s).deadline is None
-    # At the tail layer the reveals give the link nothing: now, then the other alone, ends the
-    # layer at 2.2; one group at 0.8 ends it at 2.0, and 0.8 s of idle buys 1.0 s of shared work.
-    assert weigh_hold(0.0, ready, [(0.8, late)], 0.0, group_s, tail=True).deadline == 0.8
-
-
-def test_a_tail_group_computes_now_when_its_ready_part_overlaps_the_late_read() -> None:
-    # 1.0 shared + 0.5 per job; three jobs ready, one landing at 9.5. Now (ends 2.5), then the late
-    # one alone ends the layer at 11.0; one group at 9.5 would end it at 12.5, after 9.5 s of idle
-    # compute for 1.0 s of shared work saved.
-    ready, late = [job(0, 3), job(1, 3), job(2, 3)], job(3, 3)
-    assert (
-        weigh_hold(0.0, ready, [(9.5, late)], 0.0, shared_plus_per_job(1.0, 0.5), tail=True).deadline is None
-    )
-
-
-def test_a_tail_hold_must_not_end_the_layer_later_with_the_rest_counted() -> None:
-    # 1.0 shared + 0.1 per job. Job A lands at 0.5, job B at 3.0. Now: ready (ends 1.1), then A and B
-    # together once B lands: ends 4.2. Holding for A: the group ends 1.7, B alone ends 4.1 - sooner,
-    # and 0.5 s idle buys 1.0 s: hold. Holding for both: one group at 3.0 ends 4.3 (later) after 3.0 s
-    # of idle for the same 1.0 s: not that.
-    ready, a, b = [job(0, 3)], job(1, 3), job(2, 3)
-    waiting = [(0.5, a), (3.0, b)]
-    assert weigh_hold(0.0, ready, waiting, 0.0, shared_plus_per_job(1.0, 0.1), tail=True).deadline == 0.5
 
 
 def outlook(
