@@ -1,6 +1,7 @@
 """The best schedule reachable without prediction on small cases, and each grouping's share of it.
 
     python bench/grouping_bound.py [--requests 2] [--out bench/results/grouping-bound.json]
+    python bench/grouping_bound.py --case 8:8 --model qwen3.6-35b-a3b --profile thor --max-nodes 3000000
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
 step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first).
@@ -66,15 +67,23 @@ def small_case(model: str, profile: str, requests: int, layers: int | None, cach
     return SmallCase(selections, resident, costs.fetch_transfer_time(), group_s)
 
 
-def measure(model: str, profile: str, requests: int, layers: int | None, cache: float) -> dict[str, object]:
+def measure(
+    model: str,
+    profile: str,
+    requests: int,
+    layers: int | None,
+    cache: float,
+    search: bool,
+    max_nodes: int = MAX_NODES,
+) -> dict[str, object]:
     case = small_case(model, profile, requests, layers, cache)
     played = {name: run_policy(case, grouping) for name, grouping in GROUPINGS.items()}
     started = time.perf_counter()
     pilot = pilot_schedule(case, GROUPINGS["bottleneck"])
     best = None
-    if (requests, layers) in CASES:
+    if search:
         try:
-            best = best_schedule(case, known=pilot, max_nodes=MAX_NODES)
+            best = best_schedule(case, known=pilot, max_nodes=max_nodes)
         except RuntimeError:  # too big: the pilot schedule and the floor only
             best = None
     seconds = time.perf_counter() - started
@@ -113,6 +122,17 @@ def measure(model: str, profile: str, requests: int, layers: int | None, cache: 
     return row
 
 
+def parse_case(text: str) -> tuple[int, int | None]:
+    """``REQUESTS:LAYERS`` (``LAYERS`` a count, or ``all``) as a case of :data:`CASES`' form."""
+    requests, _, layers = text.partition(":")
+    try:
+        return int(requests), None if layers == "all" else int(layers)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a case is REQUESTS:LAYERS (e.g. 8:12 or 8:all), not {text!r}"
+        ) from None
+
+
 def share(row: dict[str, object], key: str) -> str:
     value = row.get(key)
     return f"{value:5.0%}" if isinstance(value, float) else f"{'-':>5}"
@@ -125,19 +145,33 @@ def main() -> None:
     parser.add_argument(
         "--requests", type=int, choices=[2, 4, 8], action="append", help="only these cases (default: all)"
     )
+    parser.add_argument(
+        "--case",
+        type=parse_case,
+        action="append",
+        help="search this case instead of the default ones: REQUESTS:LAYERS (LAYERS a count or 'all')",
+    )
+    parser.add_argument("--model", action="append", help="only this paper model (default: both)")
+    parser.add_argument("--profile", action="append", help="only this profile (default: both)")
+    parser.add_argument(
+        "--max-nodes", type=int, default=MAX_NODES, help="give up a search after this many decisions"
+    )
     args = parser.parse_args()
+    cases = args.case or CASES + PILOT_CASES
+    searched = set(args.case or CASES)
     rows = []
     print(
         f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'limit':>5} | share of limit: {'bound':>5} "
         f"{'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | new's share of: {'bound':>5} {'pilot':>5} "
         f"{'floor':>5} | {'s':>5}"
     )
-    for profile in ("thor", "mac-mini"):
-        for model in ("qwen3.6-35b-a3b", "gemma4-26b-a4b"):
-            for requests, layers in CASES + PILOT_CASES:
+    for profile in args.profile or ("thor", "mac-mini"):
+        for model in args.model or ("qwen3.6-35b-a3b", "gemma4-26b-a4b"):
+            for requests, layers in cases:
                 if args.requests and requests not in args.requests:
                     continue
-                r = measure(model, profile, requests, layers, args.cache_fraction)
+                search = (requests, layers) in searched
+                r = measure(model, profile, requests, layers, args.cache_fraction, search, args.max_nodes)
                 rows.append(r)
                 limit_shares = " ".join(
                     share(r, f"{name}_share_of_limit")
