@@ -196,12 +196,13 @@ def weigh_hold(
     held = price(())
     for k, (at, job) in enumerate(waiting, 1):
         start = max(now, at)
-        if g_ready - (start - now) < best_gain - 1e-9:
+        idle = start - now
+        if g_ready - idle < best_gain - 1e-9:
             break  # a wait saves at most g(ready) (no group costs less than one of its parts), less its idle
         together.add(job)
         held.add(job)
         g_together = together.seconds()
-        gain = g_ready + held.seconds() - g_together - (start - now)
+        gain = g_ready + held.seconds() - g_together - idle
         top_gain = max(top_gain, gain)
         if gain <= best_gain + 1e-12:
             continue
