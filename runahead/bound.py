@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from runahead.bottleneck import Hold, Outlook
 from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_id
-from runahead.relaxation import Level, case_levels, floor
+from runahead.relaxation import Relaxed, case_levels, relax
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 GroupSeconds = Callable[[Sequence[Job]], float]
@@ -61,22 +61,26 @@ class SmallCase:
 
 @dataclass(slots=True)
 class _State:
-    """Where a schedule stands when the compute unit is free (``now``)."""
+    """Where a schedule stands when the compute unit is free (``now``).
+
+    Experts are bits (:attr:`_Model.keys` names them): the search copies and compares states
+    millions of times, and an int copies, hashes and intersects in one C call.
+    """
 
     now: float
     jobs: dict[int, Job]  # each request's current job (absent: at the barrier, or finished)
     ready: set[int]
     held: set[int]  # finished the step, waiting at the barrier
-    landed: set[ExpertKey]  # read during the case (the resident set is the case's)
-    requested: set[ExpertKey]  # landed, or being read
-    in_flight: tuple[ExpertKey, float] | None = None  # the read on the link and when it lands
+    landed: int = 0  # experts read during the case (the resident set is the case's)
+    requested: int = 0  # landed, or being read
+    in_flight: tuple[int, float] | None = None  # the read on the link (its bit) and when it lands
     link_free: float = 0.0  # when the link finished its last read
     step: int = 0
     link_busy: float = 0.0
     compute_busy: float = 0.0
     computed: int = 0
     reads: int = 0
-    trail: tuple[tuple[float, int, tuple[int, ...]], ...] = ()
+    trail: _Trail = None  # the groups so far, newest first: (earlier, (start, layer, requests))
 
     def copy(self) -> _State:
         return _State(
@@ -84,8 +88,8 @@ class _State:
             dict(self.jobs),
             set(self.ready),
             set(self.held),
-            set(self.landed),
-            set(self.requested),
+            self.landed,
+            self.requested,
             self.in_flight,
             self.link_free,
             self.step,
@@ -95,6 +99,19 @@ class _State:
             self.reads,
             self.trail,
         )
+
+
+_Trail = tuple["_Trail", tuple[float, int, tuple[int, ...]]] | None
+_Remaining = tuple[float, float, int, Relaxed | None]  # see _Model._remaining
+
+
+def _groups(trail: _Trail) -> tuple[tuple[float, int, tuple[int, ...]], ...]:
+    """A trail's groups, oldest first."""
+    groups = []
+    while trail is not None:
+        trail, group = trail
+        groups.append(group)
+    return tuple(reversed(groups))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +126,11 @@ class Schedule:
 
 
 class _Model:
-    """The small case's dynamics: reads, readiness, groups, the barrier."""
+    """The small case's dynamics: reads, readiness, groups, the barrier.
+
+    Per-job facts are tables built once, indexed ``[request][step][layer + 1]`` (0: the entry
+    job): the job itself, its missing experts in the order it names them (bits) and as a mask.
+    """
 
     def __init__(self, case: SmallCase) -> None:
         self.case = case
@@ -117,56 +138,63 @@ class _Model:
         self._prepare()
 
     def start(self) -> _State:
-        state = _State(0.0, {}, set(), set(), set(), set())
+        state = _State(0.0, {}, set(), set())
         for request in range(self.case.requests):
-            state.jobs[request] = Job(request, 0, ENTRY_LAYER, lane=request)
+            state.jobs[request] = self._jobs[request][0][0]
             state.ready.add(request)
         return state
 
-    def missing(self, state: _State, job: Job) -> list[ExpertKey]:
-        resident, landed = self.case.resident, state.landed
-        return [key for key in job.keys if key not in resident and key not in landed]
+    def unlanded(self, state: _State, job: Job) -> int:
+        """The experts ``job`` still waits for (a mask)."""
+        return self._masks[job.request][job.step][job.layer + 1] & ~state.landed
 
     @staticmethod
     def blocked(state: _State) -> list[Job]:
         return [job for r, job in state.jobs.items() if r not in state.ready]
 
-    def _next_read(self, state: _State) -> ExpertKey | None:
+    def _next_read(self, state: _State) -> int | None:
         """``SELECT_FETCH_JOB`` (lowest progress, then fewest missing): its first expert not read."""
-        best: tuple[tuple[int, int, int, int], ExpertKey] | None = None
-        for job in self.blocked(state):
-            missing = self.missing(state, job)
-            unread = [key for key in missing if key not in state.requested]
+        best: tuple[tuple[int, int, int, int], Job, int] | None = None
+        landed, requested, masks = state.landed, state.requested, self._masks
+        for request, job in state.jobs.items():
+            if request in state.ready:
+                continue
+            mask = masks[request][job.step][job.layer + 1]
+            unread = mask & ~requested
             if unread:
-                rank = (job.epoch, job.layer, len(missing), job.request)
+                rank = (job.epoch, job.layer, (mask & ~landed).bit_count(), request)
                 if best is None or rank < best[0]:
-                    best = (rank, unread[0])
-        return None if best is None else best[1]
+                    best = (rank, job, unread)
+        if best is None:
+            return None
+        _, job, unread = best
+        return next(b for b in self._orders[job.request][job.step][job.layer + 1] if unread >> b & 1)
 
     def advance_link(self, state: _State, until: float) -> None:
         """Run the link to ``until``: land reads, start the next, mark the jobs that became ready.
 
         Reads start when the link is free, or at ``state.now`` (when the last reveal happened).
         """
+        fetch_s = self.case.fetch_s
         while True:
             if state.in_flight is None:
-                key = self._next_read(state)
-                if key is None:
+                bit = self._next_read(state)
+                if bit is None:
                     return
-                lands = max(state.link_free, state.now) + self.case.fetch_s
-                state.requested.add(key)
-                state.in_flight = (key, lands)
-                state.link_busy += self.case.fetch_s
+                lands = max(state.link_free, state.now) + fetch_s
+                state.requested |= 1 << bit
+                state.in_flight = (bit, lands)
+                state.link_busy += fetch_s
                 state.reads += 1
-            key, lands = state.in_flight
+            bit, lands = state.in_flight
             if lands > until:
                 return
-            state.landed.add(key)
+            state.landed |= 1 << bit
             state.in_flight = None
             state.link_free = lands
-            for job in self.blocked(state):
-                if not self.missing(state, job):
-                    state.ready.add(job.request)
+            for request, job in state.jobs.items():
+                if request not in state.ready and not self.unlanded(state, job):
+                    state.ready.add(request)
 
     def next_ready_time(self, state: _State) -> float | None:
         """When the next blocked job becomes ready if nothing computes meanwhile (None: never)."""
@@ -185,8 +213,8 @@ class _Model:
         """Compute every ready job at ``layer`` as one group, then reveal what each needs next."""
         members = sorted(r for r in state.ready if state.jobs[r].layer == layer)
         jobs = [state.jobs[r] for r in members]
-        busy = self.case.group_s(jobs)
-        state.trail = (*state.trail, (state.now, layer, tuple(members)))
+        busy = self._level_cost(jobs[0].step, layer, tuple(members))
+        state.trail = (state.trail, (state.now, layer, tuple(members)))
         end = state.now + busy
         state.compute_busy += busy
         state.computed += len(jobs)
@@ -198,20 +226,15 @@ class _Model:
                 state.held.add(job.request)
                 del state.jobs[job.request]
                 continue
-            nxt = job.layer + 1
-            experts = self.case.selections[job.request][job.step][nxt]
-            state.jobs[job.request] = Job(
-                job.request, job.step, nxt, experts, lane=job.request, epoch=job.step
-            )
-            if not self.missing(state, state.jobs[job.request]):
+            nxt = self._jobs[job.request][job.step][job.layer + 2]
+            state.jobs[job.request] = nxt
+            if not self.unlanded(state, nxt):
                 state.ready.add(job.request)
         if not state.jobs:  # everyone reached the barrier
             state.step += 1
             if state.step < self.case.steps:
                 for request in state.held:
-                    state.jobs[request] = Job(
-                        request, state.step, ENTRY_LAYER, lane=request, epoch=state.step
-                    )
+                    state.jobs[request] = self._jobs[request][state.step][0]
                     state.ready.add(request)
                 state.held.clear()
         self.advance_link(state, state.now)
@@ -229,9 +252,10 @@ class _Model:
     def cache_view(self, state: _State) -> tuple[set[ExpertId], set[ExpertId]]:
         """What the runtime's cache would say (by id, as :class:`Outlook` asks): the resident experts
         (the case's and those landed) and the one being read, if any."""
-        resident = set(map(expert_id, self.case.resident | state.landed))
+        landed = {key for bit, key in enumerate(self.keys) if state.landed >> bit & 1}
+        resident = set(map(expert_id, self.case.resident | landed))
         flight = state.in_flight
-        return resident, set() if flight is None else {expert_id(flight[0])}
+        return resident, set() if flight is None else {expert_id(self.keys[flight[0]])}
 
     @staticmethod
     def done(state: _State) -> bool:
@@ -239,7 +263,7 @@ class _Model:
 
     @staticmethod
     def result(state: _State, explored: int = 0) -> Schedule:
-        return Schedule(state.now, state.compute_busy, state.link_busy, state.trail, explored)
+        return Schedule(state.now, state.compute_busy, state.link_busy, _groups(state.trail), explored)
 
     # -- search --------------------------------------------------------------------------------
 
@@ -250,32 +274,47 @@ class _Model:
         it, also the overlap relaxation's floor (:mod:`runahead.relaxation`) over the levels
         ahead of every request, those some have left behind at their cost."""
         case = self.case
-        compute = self._future_compute[state.step + 1] if state.step + 1 < case.steps else 0.0
-        needed: set[ExpertKey] = set()
+        jobs = state.jobs
+        at = (state.step, tuple(job.layer if (job := jobs.get(r)) else None for r in range(case.requests)))
+        ahead = self._ahead_of.get(at)
+        if ahead is None:
+            ahead = self._ahead_of[at] = self._remaining(state)
+        compute, behind, needed, floor = ahead
+        link = max(state.link_free, state.now) if state.in_flight is None else state.in_flight[1]
+        link += (needed & ~state.requested).bit_count() * case.fetch_s
+        if state.step + 1 < case.steps:
+            return max(state.now + compute, link)
+        best = max(state.now + compute, link + self._after_last_read(state))
+        if floor is not None:
+            best = max(best, state.now + floor.floor(link - state.now, behind))
+        return best
+
+    def _remaining(self, state: _State) -> _Remaining:
+        """What :meth:`lower_bound` needs of where each request stands (the same for every state
+        with the same step and layers): the compute left with each layer in one group, of it the
+        layers some requests have left behind, the missing experts of every job left, and the
+        relaxation of the levels ahead of every request (in the last step, with everyone in it)."""
+        case = self.case
+        later = state.step + 1 < case.steps
+        compute = self._future_compute[state.step + 1] if later else 0.0
+        needed = 0
         for request in range(case.requests):
             job = state.jobs.get(request)
             if job is not None:
-                needed |= self._suffix_keys[request][state.step][job.layer + 1]
-            if state.step + 1 < case.steps:
-                needed |= self._suffix_keys[request][state.step + 1][0]
-        behind: list[float] = []  # the compute of layers some requests have left behind
+                needed |= self._suffix_masks[request][state.step][job.layer + 1]
+            if later:
+                needed |= self._suffix_masks[request][state.step + 1][0]
+        behind = 0.0
         at = sorted((job.layer, request) for request, job in state.jobs.items())
         if at:
             for i, (layer, _) in enumerate(at[:-1]):
                 requests = tuple(sorted(r for _, r in at[: i + 1]))
                 for between in range(layer, at[i + 1][0]):
-                    behind.append(self._level_cost(state.step, between, requests))
-            compute += sum(behind) + self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
-        link = max(state.link_free, state.now) if state.in_flight is None else state.in_flight[1]
-        link += len(needed - state.requested) * case.fetch_s
-        if state.step < case.steps - 1:
-            return max(state.now + compute, link)
-        best = max(state.now + compute, link + self._after_last_read(state))
-        if len(state.jobs) == case.requests:  # the step's levels ahead of everyone: the floor
-            fixed = [Level(cost, cost, 0.0) for cost in behind]
-            ahead = self._last_levels[at[-1][0] + 1 :]  # level i is layer i - 1 (0: the entry jobs)
-            best = max(best, state.now + floor([*fixed, *ahead], link - state.now))
-        return best
+                    behind += self._level_cost(state.step, between, requests)
+            compute += behind + self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
+        everyone = not later and len(state.jobs) == case.requests
+        # level i of the floor's is layer i - 1 (0: the entry jobs)
+        return compute, behind, needed, self._ahead[at[-1][0] + 1] if everyone else None
 
     def _after_last_read(self, state: _State) -> float:
         """The least compute some job must do after the step's last read lands: the step's rest of
@@ -284,9 +323,9 @@ class _Model:
         landed, step = state.landed, state.step
         least = math.inf
         for request, job in state.jobs.items():
-            own = self._own_keys[request][step]
+            own = self._masks[request][step]
             for layer in range(self.last, max(job.layer, ENTRY_LAYER + 1) - 1, -1):
-                if not own[layer] <= landed:  # this request's latest layer still waiting on a read
+                if own[layer + 1] & ~landed:  # this request's latest layer still waiting on a read
                     least = min(least, self._solo_tails[request][step][layer])
                     break
         return 0.0 if least == math.inf else least
@@ -295,7 +334,8 @@ class _Model:
         key = (step, layer, requests)
         cost = self._costs.get(key)
         if cost is None:
-            cost = self._costs[key] = self.case.group_s([self._job(r, step, layer) for r in requests])
+            jobs = [self._jobs[r][step][layer + 1] for r in requests]
+            cost = self._costs[key] = self.case.group_s(jobs)
         return cost
 
     def _tail_cost(self, step: int, first: int, requests: tuple[int, ...]) -> float:
@@ -307,53 +347,60 @@ class _Model:
             self._tails[key] = cost
         return cost
 
-    def _job(self, request: int, step: int, layer: int) -> Job:
-        experts = self.case.selections[request][step][layer] if layer >= 0 else ()
-        return Job(request, step, layer, experts, lane=request, epoch=step)
-
     def _prepare(self) -> None:
-        """Per-level costs of whole groups and each request's missing experts from a point on."""
+        """The job tables, the experts' bits, per-level costs of whole groups, and each request's
+        missing experts from a point on."""
         case = self.case
-        everyone = tuple(range(case.requests))
-        self._costs: dict[tuple[int, int, tuple[int, ...]], float] = {}
-        self._tails: dict[tuple[int, int, tuple[int, ...]], float] = {}
-        per_step = [
-            sum(self._level_cost(step, layer, everyone) for layer in range(ENTRY_LAYER, case.layers))
-            for step in range(case.steps)
-        ]
-        self._future_compute = [sum(per_step[step:]) for step in range(case.steps)]
-        # _suffix_keys[r][step][i]: non-resident experts of request r's jobs at layers >= i - 1 of
-        # ``step`` and every later step (i = layer + 1, so i = 0 is the entry job).
-        self._suffix_keys: list[list[list[frozenset[ExpertKey]]]] = []
-        for request in range(case.requests):
-            rows: list[list[frozenset[ExpertKey]]] = [[] for _ in range(case.steps)]
-            tail: frozenset[ExpertKey] = frozenset()
-            for step in reversed(range(case.steps)):
-                row = [tail] * (case.layers + 2)
-                for layer in reversed(range(case.layers)):
-                    job = self._job(request, step, layer)
-                    tail = tail | {k for k in job.keys if k not in case.resident}
-                    row[layer + 1] = tail
-                row[0] = tail
-                rows[step] = row
-            self._suffix_keys.append(rows)
-        # _own_keys[r][step][layer]: job (r, step, layer)'s non-resident experts; _solo_tails: the
-        # compute of r's jobs from ``layer`` to the step's end, each alone
-        self._own_keys = [
+        steps, levels = range(case.steps), range(ENTRY_LAYER, case.layers)
+        picks = case.selections
+        self._jobs = [
             [
                 [
-                    frozenset(k for k in self._job(r, step, layer).keys if k not in case.resident)
-                    for layer in range(case.layers)
+                    Job(r, step, layer, picks[r][step][layer] if layer >= 0 else (), lane=r, epoch=step)
+                    for layer in levels
                 ]
-                for step in range(case.steps)
+                for step in steps
             ]
             for r in range(case.requests)
         ]
-        self._last_levels = case_levels(case, case.steps - 1)  # the overlap relaxation's (the floor)
+        bits: dict[ExpertKey, int] = {}
+        self._orders: list[list[list[tuple[int, ...]]]] = []  # a job's missing experts, as it names them
+        for rows in self._jobs:
+            self._orders.append([])
+            for row in rows:
+                orders = []
+                for job in row:
+                    missing = [key for key in dict.fromkeys(job.keys) if key not in case.resident]
+                    orders.append(tuple(bits.setdefault(key, len(bits)) for key in missing))
+                self._orders[-1].append(orders)
+        self.keys = list(bits)  # bit i is expert keys[i]
+        self._masks = [[[sum(1 << b for b in order) for order in row] for row in rs] for rs in self._orders]
+        everyone = tuple(range(case.requests))
+        self._costs: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        self._tails: dict[tuple[int, int, tuple[int, ...]], float] = {}
+        self._ahead_of: dict[tuple[int, tuple[int | None, ...]], _Remaining] = {}
+        per_step = [sum(self._level_cost(step, layer, everyone) for layer in levels) for step in steps]
+        self._future_compute = [sum(per_step[step:]) for step in steps]
+        # _suffix_masks[r][step][i]: missing experts of request r's jobs at layers >= i - 1 of
+        # ``step`` and every later step (i = layer + 1, so i = 0 is the entry job).
+        self._suffix_masks: list[list[list[int]]] = []
+        for masks in self._masks:
+            rows_m: list[list[int]] = [[] for _ in steps]
+            tail = 0
+            for step in reversed(steps):
+                suffix = [tail] * (case.layers + 2)
+                for i in reversed(range(case.layers + 1)):
+                    tail |= masks[step][i]
+                    suffix[i] = tail
+                rows_m[step] = suffix
+            self._suffix_masks.append(rows_m)
+        last_levels = case_levels(case, case.steps - 1)  # the overlap relaxation's (the floor)
+        self._ahead = [relax(last_levels[i:]) for i in range(len(last_levels) + 1)]
+        # _solo_tails[r][step][layer]: the compute of r's jobs from ``layer`` to the step's end, each alone
         self._solo_tails = []
         for r in range(case.requests):
             rows_s = []
-            for step in range(case.steps):
+            for step in steps:
                 tails = [0.0] * (case.layers + 1)
                 for layer in reversed(range(case.layers)):
                     tails[layer] = tails[layer + 1] + self._level_cost(step, layer, (r,))
@@ -366,7 +413,7 @@ class _Model:
             for r in range(self.case.requests)
         )
         flight = None if state.in_flight is None else state.in_flight[0]
-        return (state.step, progress, frozenset(state.requested), flight)
+        return (state.step, progress, state.requested, flight)
 
     def children(self, state: _State) -> Iterator[_State]:
         """The states each of :meth:`options` leads to (a wait nothing can end is left out)."""

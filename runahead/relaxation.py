@@ -85,35 +85,55 @@ def level(
 
 def floor(levels: Iterable[Level], reads_s: float) -> float:
     """The least time over every (fractional) whole/split choice of ``levels``: at least
-    ``max(compute, reads_s + link idle)`` whatever the choice (see the module NOTE).
+    ``max(compute, reads_s + link idle)`` whatever the choice (see the module NOTE)."""
+    return relax(levels).floor(reads_s)
 
-    All split is the start (compute ``sum(split)``, link ``reads_s + sum(idle_split)``); making a
-    level whole lowers compute by ``split - whole`` and raises the link side by ``idle_whole -
-    idle_split``. The
-    optimum takes levels by that ratio, the last one in part, until the two sides meet.
-    """
-    compute, link = 0.0, reads_s
+
+@dataclass(frozen=True, slots=True)
+class Relaxed:
+    """Levels prepared for :meth:`floor`: every level split (``compute``, ``idle``) and the trades
+    ``(saves, costs)`` that make one whole, best first."""
+
+    compute: float
+    idle: float
+    trades: tuple[tuple[float, float], ...]
+
+    def floor(self, reads_s: float, compute_s: float = 0.0) -> float:
+        """:func:`floor` of these levels, with ``compute_s`` more compute that no choice changes.
+
+        All split is the start (compute ``sum(split)``, link ``reads_s + sum(idle_split)``); making a
+        level whole lowers compute by ``split - whole`` and raises the link side by ``idle_whole -
+        idle_split``. The optimum takes levels by that ratio, the last one in part, until the two
+        sides meet.
+        """
+        compute, link = self.compute + compute_s, reads_s + self.idle
+        for saves, costs in self.trades:
+            if compute <= link:
+                break
+            if compute - saves >= link + costs:
+                compute, link = compute - saves, link + costs
+            else:  # the sides meet inside this level's trade
+                part = (compute - link) / (saves + costs)
+                return compute - saves * part
+        return max(compute, link)
+
+
+def relax(levels: Iterable[Level]) -> Relaxed:
+    """``levels`` prepared for :meth:`Relaxed.floor` (a level that cannot split is always whole)."""
+    compute, idle = 0.0, 0.0
     trades = []
     for item in levels:
         if item.whole > item.split + 1e-15:
             raise ValueError(f"a level's whole group ({item.whole}) costs more than its split ({item.split})")
         if math.isinf(item.split):  # a single job: always whole
             compute += item.whole
-            link += item.idle_whole
+            idle += item.idle_whole
             continue
         compute += item.split
-        link += item.idle_split
+        idle += item.idle_split
         trades.append((item.split - item.whole, item.idle_whole - item.idle_split))
     trades.sort(key=lambda t: -t[0] / t[1] if t[1] > 0 else -math.inf)
-    for saves, costs in trades:
-        if compute <= link:
-            break
-        if compute - saves >= link + costs:
-            compute, link = compute - saves, link + costs
-        else:  # the sides meet inside this level's trade
-            part = (compute - link) / (saves + costs)
-            return compute - saves * part
-    return max(compute, link)
+    return Relaxed(compute, idle, tuple(trades))
 
 
 def case_levels(case: SmallCase, step: int) -> list[Level]:

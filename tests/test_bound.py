@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Sequence
+
 import pytest
 
-from runahead.bound import _Model, best_schedule, pilot_schedule, run_policy
-from runahead.jobs import ExpertKey
+from runahead.bound import SmallCase, _Model, best_schedule, pilot_schedule, run_policy
+from runahead.jobs import ExpertKey, Job
 from runahead.scheduling import Grouping
 
 from boundhelpers import one_layer_case, three_request_case
@@ -83,3 +87,38 @@ def test_a_known_schedule_seeds_the_search_without_changing_its_answer() -> None
     assert seeded.explored <= plain.explored
     # an optimal known schedule is the answer when nothing shorter exists
     assert best_schedule(case, known=plain).makespan == plain.makespan
+
+
+def exhaustive(case: SmallCase) -> float:
+    """The shortest makespan over every decision, nothing pruned: the search's oracle."""
+    model = _Model(case)
+    best = math.inf
+    stack = [model.start()]
+    while stack:
+        state = stack.pop()
+        if model.done(state):
+            best = min(best, state.now)
+        else:
+            stack.extend(model.children(state))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_pruning_never_loses_the_best_schedule(seed: int) -> None:
+    # the lower bound and the dominance test cut branches; on random cases small enough to try
+    # every decision, what is left still holds the shortest schedule
+    rng = random.Random(seed)
+    requests, steps, layers = rng.choice([(2, 2, 3), (3, 1, 3), (3, 2, 2), (2, 1, 5)])
+    selections = [
+        [[tuple(rng.sample(range(6), 2)) for _ in range(layers)] for _ in range(steps)]
+        for _ in range(requests)
+    ]
+    keys = [ExpertKey(layer, e) for layer in range(layers) for e in range(6)]
+    resident = frozenset(key for key in keys if rng.random() < 0.4)
+    shared, per_expert = rng.uniform(0.2, 1.0), rng.uniform(0.02, 0.2)
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return shared + per_expert * len({e for job in jobs for e in job.experts}) + 0.01 * len(jobs)
+
+    case = SmallCase(selections, resident, rng.uniform(0.05, 0.6), group_s)
+    assert best_schedule(case).makespan == pytest.approx(exhaustive(case), abs=1e-12)
