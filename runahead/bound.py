@@ -323,10 +323,11 @@ class _Model:
         landed, step = state.landed, state.step
         least = math.inf
         for request, job in state.jobs.items():
-            own = self._masks[request][step]
-            for layer in range(self.last, max(job.layer, ENTRY_LAYER + 1) - 1, -1):
-                if own[layer + 1] & ~landed:  # this request's latest layer still waiting on a read
-                    least = min(least, self._solo_tails[request][step][layer])
+            for layer, mask, tail in self._reads_from_last[request][step]:
+                if layer < job.layer:
+                    break
+                if mask & ~landed:  # this request's latest layer still waiting on a read
+                    least = min(least, tail)
                     break
         return 0.0 if least == math.inf else least
 
@@ -406,6 +407,19 @@ class _Model:
                     tails[layer] = tails[layer + 1] + self._level_cost(step, layer, (r,))
                 rows_s.append(tails)
             self._solo_tails.append(rows_s)
+        # _reads_from_last[r][step]: (layer, its missing experts, _solo_tails there) of r's layers
+        # that miss any expert, last layer first
+        self._reads_from_last = [
+            [
+                [
+                    (layer, masks[step][layer + 1], tails[layer])
+                    for layer in reversed(range(case.layers))
+                    if masks[step][layer + 1]
+                ]
+                for step, tails in enumerate(solo)
+            ]
+            for masks, solo in zip(self._masks, self._solo_tails, strict=True)
+        ]
 
     def signature(self, state: _State) -> tuple[object, ...]:
         progress = tuple(
@@ -467,12 +481,16 @@ def best_schedule(
         if model.lower_bound(state) >= bound[0] - 1e-12 and best[0] is not None:
             return
         key = model.signature(state)
-        link = state.in_flight[1] if state.in_flight is not None else state.link_free
-        mark = (state.now, link)
-        marks = seen.setdefault(key, [])
-        if any(now <= mark[0] + 1e-12 and ln <= mark[1] + 1e-12 for now, ln in marks):
+        # the next read starts when the one on the link lands, or now (the link has been idle)
+        at, link = state.now, state.now if state.in_flight is None else state.in_flight[1]
+        marks = seen.get(key)
+        if marks is None:
+            seen[key] = [(at, link)]
+        elif any(now <= at + 1e-12 and ln <= link + 1e-12 for now, ln in marks):
             return
-        marks.append(mark)
+        else:  # the marks this one dominates go: the list stays a front
+            marks[:] = [(now, ln) for now, ln in marks if now < at - 1e-12 or ln < link - 1e-12]
+            marks.append((at, link))
         for child in model.children(state):
             visit(child)
 
