@@ -196,19 +196,6 @@ class _Model:
                 if request not in state.ready and not self.unlanded(state, job):
                     state.ready.add(request)
 
-    def next_ready_time(self, state: _State) -> float | None:
-        """When the next blocked job becomes ready if nothing computes meanwhile (None: never)."""
-        probe = state.copy()
-        count = len(probe.ready)
-        while True:
-            self.advance_link(probe, probe.now)
-            if probe.in_flight is None:
-                return None
-            probe.now = probe.in_flight[1]
-            self.advance_link(probe, probe.now)
-            if len(probe.ready) > count:
-                return probe.now
-
     def compute(self, state: _State, layer: int) -> None:
         """Compute every ready job at ``layer`` as one group, then reveal what each needs next."""
         members = sorted(r for r in state.ready if state.jobs[r].layer == layer)
@@ -240,14 +227,23 @@ class _Model:
         self.advance_link(state, state.now)
 
     def wait(self, state: _State, until: float | None = None) -> bool:
-        """Let time pass until the next job becomes ready (or ``until``); False if none can."""
-        when = self.next_ready_time(state)
-        if when is None:
-            return False
-        target = when if until is None or until <= state.now else min(when, until)
-        self.advance_link(state, target)
-        state.now = target
-        return True
+        """Let time pass until the next job becomes ready (or ``until``); False if none can (then
+        ``state`` is left as it was, but for the link's reads up to ``state.now``)."""
+        count = len(state.ready)
+        if until is not None and until <= state.now:
+            until = None
+        self.advance_link(state, state.now)
+        while state.in_flight is not None:
+            lands = state.in_flight[1]
+            if until is not None and lands > until:
+                self.advance_link(state, until)
+                state.now = until
+                return True
+            state.now = lands
+            self.advance_link(state, lands)
+            if len(state.ready) > count:
+                return True
+        return False
 
     def cache_view(self, state: _State) -> tuple[set[ExpertId], set[ExpertId]]:
         """What the runtime's cache would say (by id, as :class:`Outlook` asks): the resident experts
