@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import SmallCase, _Model, best_schedule, pilot_schedule, run_policy
+from runahead.bound import SmallCase, _Model, _State, best_schedule, pilot_schedule, run_policy
 from runahead.jobs import ExpertKey, Job
 from runahead.scheduling import Grouping
 
@@ -89,24 +88,15 @@ def test_a_known_schedule_seeds_the_search_without_changing_its_answer() -> None
     assert best_schedule(case, known=plain).makespan == plain.makespan
 
 
-def exhaustive(case: SmallCase) -> float:
-    """The shortest makespan over every decision, nothing pruned: the search's oracle."""
-    model = _Model(case)
-    best = math.inf
-    stack = [model.start()]
-    while stack:
-        state = stack.pop()
-        if model.done(state):
-            best = min(best, state.now)
-        else:
-            stack.extend(model.children(state))
-    return best
+def shortest(model: _Model, state: _State) -> float:
+    """The shortest makespan from ``state`` over every decision, nothing pruned: the search's oracle."""
+    if model.done(state):
+        return state.now
+    return min(shortest(model, child) for child in model.children(state))
 
 
-@pytest.mark.parametrize("seed", range(24))
-def test_pruning_never_loses_the_best_schedule(seed: int) -> None:
-    # the lower bound and the dominance test cut branches; on random cases small enough to try
-    # every decision, what is left still holds the shortest schedule
+def random_case(seed: int) -> SmallCase:
+    """A random case small enough to try every decision of."""
     rng = random.Random(seed)
     requests, steps, layers = rng.choice([(2, 2, 3), (3, 1, 3), (3, 2, 2), (2, 1, 5)])
     selections = [
@@ -120,5 +110,26 @@ def test_pruning_never_loses_the_best_schedule(seed: int) -> None:
     def group_s(jobs: Sequence[Job]) -> float:
         return shared + per_expert * len({e for job in jobs for e in job.experts}) + 0.01 * len(jobs)
 
-    case = SmallCase(selections, resident, rng.uniform(0.05, 0.6), group_s)
-    assert best_schedule(case).makespan == pytest.approx(exhaustive(case), abs=1e-12)
+    return SmallCase(selections, resident, rng.uniform(0.05, 0.6), group_s)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_pruning_never_loses_the_best_schedule(seed: int) -> None:
+    # the lower bound and the dominance test cut branches; on random cases small enough to try
+    # every decision, what is left still holds the shortest schedule
+    case = random_case(seed)
+    model = _Model(case)
+    assert best_schedule(case).makespan == pytest.approx(shortest(model, model.start()), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_lower_bound_holds_at_every_decision(seed: int) -> None:
+    # not only where the search went: at every state a schedule can reach, no completion ends
+    # before the lower bound
+    model = _Model(random_case(seed))
+    states = [model.start()]
+    while states:
+        state = states.pop()
+        if not model.done(state):
+            assert model.lower_bound(state) <= shortest(model, state.copy()) + 1e-12
+            states.extend(model.children(state))
