@@ -82,6 +82,11 @@ class _State:
     reads: int = 0
     trail: _Trail = None  # the groups so far, newest first: (earlier, (start, layer, requests))
 
+    def link_at(self) -> float:
+        """When the link can start its next read: when the one on it lands, else now (a read
+        revealed from now on starts at once; the link has been idle since ``link_free``)."""
+        return max(self.link_free, self.now) if self.in_flight is None else self.in_flight[1]
+
     def copy(self) -> _State:
         return _State(
             self.now,
@@ -181,7 +186,7 @@ class _Model:
                 bit = self._next_read(state)
                 if bit is None:
                     return
-                lands = max(state.link_free, state.now) + fetch_s
+                lands = state.link_at() + fetch_s
                 state.requested |= 1 << bit
                 state.in_flight = (bit, lands)
                 state.link_busy += fetch_s
@@ -276,8 +281,7 @@ class _Model:
         if ahead is None:
             ahead = self._ahead_of[at] = self._remaining(state)
         compute, behind, needed, floor = ahead
-        link = max(state.link_free, state.now) if state.in_flight is None else state.in_flight[1]
-        link += (needed & ~state.requested).bit_count() * case.fetch_s
+        link = state.link_at() + (needed & ~state.requested).bit_count() * case.fetch_s
         if state.step + 1 < case.steps:
             return max(state.now + compute, link)
         best = max(state.now + compute, link + self._after_last_read(state))
@@ -477,8 +481,7 @@ def best_schedule(
         if model.lower_bound(state) >= bound[0] - 1e-12 and best[0] is not None:
             return
         key = model.signature(state)
-        # the next read starts when the one on the link lands, or now (the link has been idle)
-        at, link = state.now, state.now if state.in_flight is None else state.in_flight[1]
+        at, link = state.now, state.link_at()
         marks = seen.get(key)
         if marks is None:
             seen[key] = [(at, link)]
