@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import SmallCase, _Model, _State, best_schedule, pilot_schedule, run_policy
+from runahead.bound import SmallCase, _Model, _State, best_holds, best_schedule, pilot_schedule, run_policy
 from runahead.jobs import ExpertKey, Job
 from runahead.scheduling import Grouping
 
@@ -133,3 +133,34 @@ def test_the_lower_bound_holds_at_every_decision(seed: int) -> None:
         if not model.done(state):
             assert model.lower_bound(state) <= shortest(model, state.copy()) + 1e-12
             states.extend(model.children(state))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_best_holds_is_the_best_lowest_layer_first_schedule(seed: int) -> None:
+    # only the waits are searched: the shortest schedule that computes lowest layer first, found
+    # with the same pruning; between the full optimum and the paper's grouping (which never waits)
+    case = random_case(seed)
+    model = _Model(case, lowest_first=True)
+    holds = best_holds(case)
+    assert holds.makespan == pytest.approx(shortest(model, model.start()), abs=1e-12)
+    assert best_schedule(case).makespan <= holds.makespan + 1e-12
+    assert holds.makespan <= run_policy(case, Grouping()).makespan + 1e-12
+    # and its groups replay through the model, each the lowest ready layer's when it starts
+    full = _Model(case)
+    state = full.start()
+    for start, layer, members in holds.groups:
+        while state.now < start - 1e-12:
+            assert full.wait(state)
+        ready = {r: state.jobs[r].layer for r in state.ready}
+        assert layer == min(ready.values())
+        assert members == tuple(sorted(r for r, at in ready.items() if at == layer))
+        full.compute(state, layer)
+    assert full.done(state) and state.now == pytest.approx(holds.makespan, abs=1e-12)
+
+
+def test_computing_a_higher_layer_first_can_beat_every_hold() -> None:
+    # a case (found among the random ones) where the full search's best schedule computes a higher
+    # ready layer first, which no lowest-layer-first schedule can match
+    case = random_case(220)
+    full, holds = best_schedule(case), best_holds(case)
+    assert full.makespan < holds.makespan - 1e-3
