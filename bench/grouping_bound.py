@@ -46,6 +46,7 @@ CONTEXT = 200  # tokens of context each job's attention reads (a chat prompt's o
 CASES = ((2, None), (4, 8), (4, 12), (8, 6))  # (requests, layers: None for all): searched exactly
 PILOT_CASES = ((4, None), (8, None))  # too big for the search: the pilot schedule and the floor only
 MAX_NODES = 1_000_000  # a searched case that passes this many decisions shows the pilot and floor only
+MAX_HOLDS_NODES = 20_000_000  # the holds search's (lowest layer first): ~130k at 8 requests, every layer
 GROUPINGS = {
     "sync": Grouping(static=True),
     "paper": Grouping(),
@@ -79,13 +80,14 @@ def measure(
     cache: float,
     search: bool,
     max_nodes: int = MAX_NODES,
+    max_holds_nodes: int = MAX_HOLDS_NODES,
 ) -> dict[str, object]:
     case = small_case(model, profile, requests, layers, cache)
     played = {name: run_policy(case, grouping) for name, grouping in GROUPINGS.items()}
     started = time.perf_counter()
     pilot = pilot_schedule(case, GROUPINGS["bottleneck"])
     try:  # the paper's grouping never waits: one of the holds schedules, to prune from
-        holds = best_schedule(case, known=played["paper"], max_nodes=max_nodes, lowest_first=True)
+        holds = best_schedule(case, known=played["paper"], max_nodes=max_holds_nodes, lowest_first=True)
     except RuntimeError:
         holds = None
     best = None
@@ -172,6 +174,12 @@ def main() -> None:
     parser.add_argument(
         "--max-nodes", type=int, default=MAX_NODES, help="give up a search after this many decisions"
     )
+    parser.add_argument(
+        "--max-holds-nodes",
+        type=int,
+        default=MAX_HOLDS_NODES,
+        help="give up the holds search (groups lowest layer first) after this many decisions",
+    )
     args = parser.parse_args()
     cases = args.case or CASES + PILOT_CASES
     searched = set(args.case or CASES)
@@ -187,7 +195,16 @@ def main() -> None:
                 if args.requests and requests not in args.requests:
                     continue
                 search = (requests, layers) in searched
-                r = measure(model, profile, requests, layers, args.cache_fraction, search, args.max_nodes)
+                r = measure(
+                    model,
+                    profile,
+                    requests,
+                    layers,
+                    args.cache_fraction,
+                    search,
+                    args.max_nodes,
+                    args.max_holds_nodes,
+                )
                 rows.append(r)
                 limit_shares = " ".join(
                     share(r, f"{name}_share_of_limit")
