@@ -5,12 +5,12 @@
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
 step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first).
-Searched exactly (:func:`runahead.bound.best_schedule`, seeded with the shorter of the pilot
+Searched exactly (:func:`runahead.bound_search.best_schedule`, seeded with the shorter of the pilot
 schedule and the best holds schedule): 2 requests over every layer, 4 over the first 8 and 12
 layers, 8 over the first 6 (a case that passes ``MAX_NODES`` decisions is left unsearched). For
 every case, 4 and 8 requests over every layer included: the pilot schedule
 (:func:`runahead.bound.pilot_schedule`: a schedule reachable without prediction, at least as short
-as the bottleneck rule's), the best holds schedule (:func:`runahead.bound.best_holds`: groups
+as the bottleneck rule's), the best holds schedule (:func:`runahead.bound_search.best_holds`: groups
 computed lowest layer first, as the rules here compute them, every decision to wait searched
 exactly; seconds even at 8 requests over every layer) and the overlap relaxation's floor
 (:func:`runahead.relaxation.case_floor`: no schedule is shorter). Sync, the paper's grouping and
@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runahead.bench import cache_slots, warm_keys
-from runahead.bound import Schedule, SmallCase, best_schedule, pilot_schedule, run_policy
+from runahead.bound import Schedule, SmallCase, pilot_schedule, run_policy
+from runahead.bound_search import best_schedule
 from runahead.costs import CostModel
 from runahead.jobs import Job
 from runahead.metrics import overlap_limit

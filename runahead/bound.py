@@ -15,23 +15,20 @@ The model is the runtime's, made small and exact:
 * a group is every ready job of one layer that the schedule chooses; it costs ``group_s(jobs)``.
 
 A schedule decides, each time the compute unit is free and a job is ready, which layer's ready
-jobs to compute, or to wait for the next job to become ready. :func:`best_schedule` searches every
-such decision (depth first, pruned by a lower bound: the remaining compute with every layer in one
-group, and the remaining reads back to back; and by dominance: the same progress and reads reached
-no later) and returns the shortest makespan. :func:`run_policy` plays a grouping rule of
-:mod:`runahead.scheduling` through the same model, so the two compare like with like.
+jobs to compute, or to wait for the next job to become ready. :mod:`runahead.bound_search`
+searches every such decision for the shortest makespan; :func:`run_policy` plays a grouping rule of
+:mod:`runahead.scheduling` through the same model, so the two compare like with like, and
+:func:`pilot_schedule` improves on a rule by playing it out from every option.
 Grouping only: the search does not choose fetch order, and it never splits one layer's ready jobs.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from runahead.bottleneck import Hold, Outlook
 from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_id
-from runahead.relaxation import Relaxed, case_levels, relax
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 GroupSeconds = Callable[[Sequence[Job]], float]
@@ -107,7 +104,6 @@ class _State:
 
 
 _Trail = tuple["_Trail", tuple[float, int, tuple[int, ...]]] | None
-_Remaining = tuple[float, float, int, Relaxed | None]  # see _Model._remaining
 
 
 def _groups(trail: _Trail) -> tuple[tuple[float, int, tuple[int, ...]], ...]:
@@ -267,72 +263,8 @@ class _Model:
     def result(state: _State, explored: int = 0) -> Schedule:
         return Schedule(state.now, state.compute_busy, state.link_busy, _groups(state.trail), explored)
 
-    # -- search --------------------------------------------------------------------------------
-
-    def lower_bound(self, state: _State) -> float:
-        """No schedule from ``state`` ends sooner: the remaining compute with each layer in one
-        group, or the reads not yet started back to back after the link's current one (then, in
-        the last step, the compute after its last read); in the last step with every request in
-        it, also the overlap relaxation's floor (:mod:`runahead.relaxation`) over the levels
-        ahead of every request, those some have left behind at their cost."""
-        case = self.case
-        jobs = state.jobs
-        at = (state.step, tuple(job.layer if (job := jobs.get(r)) else None for r in range(case.requests)))
-        ahead = self._ahead_of.get(at)
-        if ahead is None:
-            ahead = self._ahead_of[at] = self._remaining(state)
-        compute, behind, needed, floor = ahead
-        link = state.link_at() + (needed & ~state.requested).bit_count() * case.fetch_s
-        if state.step + 1 < case.steps:
-            return max(state.now + compute, link)
-        best = max(state.now + compute, link + self._after_last_read(state))
-        if floor is not None:
-            best = max(best, state.now + floor.floor(link - state.now, behind))
-        return best
-
-    def _remaining(self, state: _State) -> _Remaining:
-        """What :meth:`lower_bound` needs of where each request stands (the same for every state
-        with the same step and layers): the compute left with each layer in one group, of it the
-        layers some requests have left behind, the missing experts of every job left, and the
-        relaxation of the levels ahead of every request (in the last step, with everyone in it)."""
-        case = self.case
-        later = state.step + 1 < case.steps
-        compute = self._future_compute[state.step + 1] if later else 0.0
-        needed = 0
-        for request in range(case.requests):
-            job = state.jobs.get(request)
-            if job is not None:
-                needed |= self._suffix_masks[request][state.step][job.layer + 1]
-            if later:
-                needed |= self._suffix_masks[request][state.step + 1][0]
-        behind = 0.0
-        at = sorted((job.layer, request) for request, job in state.jobs.items())
-        if at:
-            for i, (layer, _) in enumerate(at[:-1]):
-                requests = tuple(sorted(r for _, r in at[: i + 1]))
-                for between in range(layer, at[i + 1][0]):
-                    behind += self._level_cost(state.step, between, requests)
-            compute += behind + self._tail_cost(state.step, at[-1][0], tuple(sorted(state.jobs)))
-        everyone = not later and len(state.jobs) == case.requests
-        # level i of the floor's is layer i - 1 (0: the entry jobs)
-        return compute, behind, needed, self._ahead[at[-1][0] + 1] if everyone else None
-
-    def _after_last_read(self, state: _State) -> float:
-        """The least compute some job must do after the step's last read lands: the step's rest of
-        the request owning that read, each layer alone (a group costs at least its one job). The last
-        read is not known; the least over every unlanded read's request and layer is."""
-        landed, step = state.landed, state.step
-        least = math.inf
-        for request, job in state.jobs.items():
-            for layer, mask, tail in self._reads_from_last[request][step]:
-                if layer < job.layer:
-                    break
-                if mask & ~landed:  # this request's latest layer still waiting on a read
-                    least = min(least, tail)
-                    break
-        return 0.0 if least == math.inf else least
-
     def _level_cost(self, step: int, layer: int, requests: tuple[int, ...]) -> float:
+        """The cost of one group of ``requests``' jobs at ``layer`` of ``step`` (cached)."""
         key = (step, layer, requests)
         cost = self._costs.get(key)
         if cost is None:
@@ -340,18 +272,9 @@ class _Model:
             cost = self._costs[key] = self.case.group_s(jobs)
         return cost
 
-    def _tail_cost(self, step: int, first: int, requests: tuple[int, ...]) -> float:
-        """Whole groups of ``requests`` at every layer from ``first`` to the last, in ``step``."""
-        key = (step, first, requests)
-        cost = self._tails.get(key)
-        if cost is None:
-            cost = sum(self._level_cost(step, layer, requests) for layer in range(first, self.case.layers))
-            self._tails[key] = cost
-        return cost
-
     def _prepare(self) -> None:
-        """The job tables, the experts' bits, per-level costs of whole groups, and each request's
-        missing experts from a point on."""
+        """The job tables (each job, its missing experts as bits in the order it names them, and
+        as a mask) and the cache of group costs."""
         case = self.case
         steps, levels = range(case.steps), range(ENTRY_LAYER, case.layers)
         picks = case.selections
@@ -377,58 +300,7 @@ class _Model:
                 self._orders[-1].append(orders)
         self.keys = list(bits)  # bit i is expert keys[i]
         self._masks = [[[sum(1 << b for b in order) for order in row] for row in rs] for rs in self._orders]
-        everyone = tuple(range(case.requests))
         self._costs: dict[tuple[int, int, tuple[int, ...]], float] = {}
-        self._tails: dict[tuple[int, int, tuple[int, ...]], float] = {}
-        self._ahead_of: dict[tuple[int, tuple[int | None, ...]], _Remaining] = {}
-        per_step = [sum(self._level_cost(step, layer, everyone) for layer in levels) for step in steps]
-        self._future_compute = [sum(per_step[step:]) for step in steps]
-        # _suffix_masks[r][step][i]: missing experts of request r's jobs at layers >= i - 1 of
-        # ``step`` and every later step (i = layer + 1, so i = 0 is the entry job).
-        self._suffix_masks: list[list[list[int]]] = []
-        for masks in self._masks:
-            rows_m: list[list[int]] = [[] for _ in steps]
-            tail = 0
-            for step in reversed(steps):
-                suffix = [tail] * (case.layers + 2)
-                for i in reversed(range(case.layers + 1)):
-                    tail |= masks[step][i]
-                    suffix[i] = tail
-                rows_m[step] = suffix
-            self._suffix_masks.append(rows_m)
-        last_levels = case_levels(case, case.steps - 1)  # the overlap relaxation's (the floor)
-        self._ahead = [relax(last_levels[i:]) for i in range(len(last_levels) + 1)]
-        # _solo_tails[r][step][layer]: the compute of r's jobs from ``layer`` to the step's end, each alone
-        self._solo_tails = []
-        for r in range(case.requests):
-            rows_s = []
-            for step in steps:
-                tails = [0.0] * (case.layers + 1)
-                for layer in reversed(range(case.layers)):
-                    tails[layer] = tails[layer + 1] + self._level_cost(step, layer, (r,))
-                rows_s.append(tails)
-            self._solo_tails.append(rows_s)
-        # _reads_from_last[r][step]: (layer, its missing experts, _solo_tails there) of r's layers
-        # that miss any expert, last layer first
-        self._reads_from_last = [
-            [
-                [
-                    (layer, masks[step][layer + 1], tails[layer])
-                    for layer in reversed(range(case.layers))
-                    if masks[step][layer + 1]
-                ]
-                for step, tails in enumerate(solo)
-            ]
-            for masks, solo in zip(self._masks, self._solo_tails, strict=True)
-        ]
-
-    def signature(self, state: _State) -> tuple[object, ...]:
-        progress = tuple(
-            (job.step, job.layer, r in state.ready) if (job := state.jobs.get(r)) else None
-            for r in range(self.case.requests)
-        )
-        flight = None if state.in_flight is None else state.in_flight[0]
-        return (state.step, progress, state.requested, flight)
 
     def children(self, state: _State) -> Iterator[_State]:
         """The states each of :meth:`options` leads to (a wait nothing can end is left out)."""
@@ -449,73 +321,6 @@ class _Model:
         if self.blocked(state) and (state.in_flight is not None or self._next_read(state) is not None):
             choices.append(None)
         return choices
-
-
-def best_schedule(
-    case: SmallCase,
-    incumbent: float = math.inf,
-    max_nodes: int = 2_000_000,
-    known: Schedule | None = None,
-    *,
-    lowest_first: bool = False,
-) -> Schedule:
-    """The shortest makespan over every group/wait decision (depth first, branch and bound).
-
-    ``incumbent``: a makespan already reached (a policy's), to prune from the start; or ``known``, a
-    schedule of the case (a policy's, :func:`pilot_schedule`'s): only shorter ones are searched for,
-    and it is the answer if there is none. Raises RuntimeError when the search visits more than
-    ``max_nodes`` decisions (the case is too big).
-
-    ``lowest_first``: the groups compute lowest layer first (``ComputeOrder.LOWEST_LAYER``, the
-    groupings' default order), so only the waits are searched (see :func:`best_holds`). Never
-    shorter than the full search's answer.
-    """
-    model = _Model(case, lowest_first=lowest_first)
-    best: list[Schedule | None] = [known]
-    bound = [incumbent if known is None else min(incumbent, known.makespan)]
-    seen: dict[tuple[object, ...], list[tuple[float, float]]] = {}
-    explored = 0
-
-    def visit(state: _State) -> None:
-        nonlocal explored
-        explored += 1
-        if explored > max_nodes:
-            raise RuntimeError(f"the search passed {max_nodes} decisions: use a smaller case")
-        if model.done(state):
-            if state.now < bound[0] or (best[0] is None and state.now <= bound[0]):
-                bound[0] = state.now
-                best[0] = model.result(state)
-            return
-        if model.lower_bound(state) >= bound[0] - 1e-12 and best[0] is not None:
-            return
-        key = model.signature(state)
-        at, link = state.now, state.link_at()
-        marks = seen.get(key)
-        if marks is None:
-            seen[key] = [(at, link)]
-        elif any(now <= at + 1e-12 and ln <= link + 1e-12 for now, ln in marks):
-            return
-        else:  # the marks this one dominates go: the list stays a front
-            marks[:] = [(now, ln) for now, ln in marks if now < at - 1e-12 or ln < link - 1e-12]
-            marks.append((at, link))
-        for child in model.children(state):
-            visit(child)
-
-    visit(model.start())
-    if best[0] is None:
-        raise RuntimeError("the search found no schedule (the incumbent was already optimal?)")
-    found = best[0]
-    return Schedule(found.makespan, found.compute_s, found.fetch_s, found.groups, explored)
-
-
-def best_holds(case: SmallCase, incumbent: float = math.inf, max_nodes: int = 2_000_000) -> Schedule:
-    """The shortest makespan when groups compute lowest layer first (the groupings' default
-    ``ComputeOrder.LOWEST_LAYER``) over every decision to wait (:func:`best_schedule` with
-    ``lowest_first``): what a hold rule's decisions alone can reach, with hindsight, and a strong
-    ``known`` schedule to seed the full search with. The paper's grouping (never waiting) is one of
-    its schedules. Far fewer decisions than the full search: 4 and 8 requests over every layer of
-    the paper models take seconds, where the full search takes up to an hour at 4."""
-    return best_schedule(case, incumbent, max_nodes, lowest_first=True)
 
 
 def run_policy(case: SmallCase, grouping: Grouping) -> Schedule:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import SmallCase, _Model, _State, best_holds, best_schedule, pilot_schedule, run_policy
+from runahead.bound import SmallCase, _State, pilot_schedule, run_policy
+from runahead.bound_search import _SearchModel, best_holds, best_schedule
 from runahead.jobs import ExpertKey, Job
 from runahead.scheduling import Grouping
 
@@ -71,7 +72,7 @@ def test_the_search_lower_bound_counts_the_compute_after_the_last_read() -> None
     # request 1's read lands at 5; its last-layer job (1.5 s alone) ends no sooner than 6.5, which
     # is the best schedule's makespan (reads alone would say 5, compute alone 2 + 2)
     case = one_layer_case(3.0)
-    model = _Model(case)
+    model = _SearchModel(case)
     state = model.start()
     model.compute(state, -1)  # both entry jobs: 0-2 s, then request 1's read starts
     assert model.lower_bound(state) == pytest.approx(5.0 + 1.5)
@@ -88,7 +89,7 @@ def test_a_known_schedule_seeds_the_search_without_changing_its_answer() -> None
     assert best_schedule(case, known=plain).makespan == plain.makespan
 
 
-def shortest(model: _Model, state: _State) -> float:
+def shortest(model: _SearchModel, state: _State) -> float:
     """The shortest makespan from ``state`` over every decision, nothing pruned: the search's oracle."""
     if model.done(state):
         return state.now
@@ -118,7 +119,7 @@ def test_pruning_never_loses_the_best_schedule(seed: int) -> None:
     # the lower bound and the dominance test cut branches; on random cases small enough to try
     # every decision, what is left still holds the shortest schedule
     case = random_case(seed)
-    model = _Model(case)
+    model = _SearchModel(case)
     assert best_schedule(case).makespan == pytest.approx(shortest(model, model.start()), abs=1e-12)
 
 
@@ -126,7 +127,7 @@ def test_pruning_never_loses_the_best_schedule(seed: int) -> None:
 def test_the_lower_bound_holds_at_every_decision(seed: int) -> None:
     # not only where the search went: at every state a schedule can reach, no completion ends
     # before the lower bound
-    model = _Model(random_case(seed))
+    model = _SearchModel(random_case(seed))
     states = [model.start()]
     while states:
         state = states.pop()
@@ -140,13 +141,13 @@ def test_best_holds_is_the_best_lowest_layer_first_schedule(seed: int) -> None:
     # only the waits are searched: the shortest schedule that computes lowest layer first, found
     # with the same pruning; between the full optimum and the paper's grouping (which never waits)
     case = random_case(seed)
-    model = _Model(case, lowest_first=True)
+    model = _SearchModel(case, lowest_first=True)
     holds = best_holds(case)
     assert holds.makespan == pytest.approx(shortest(model, model.start()), abs=1e-12)
     assert best_schedule(case).makespan <= holds.makespan + 1e-12
     assert holds.makespan <= run_policy(case, Grouping()).makespan + 1e-12
     # and its groups replay through the model, each the lowest ready layer's when it starts
-    full = _Model(case)
+    full = _SearchModel(case)
     state = full.start()
     for start, layer, members in holds.groups:
         while state.now < start - 1e-12:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import SmallCase, best_schedule, run_policy
+from runahead.bound import SmallCase, run_policy
+from runahead.bound_search import best_schedule
 from runahead.jobs import Job, RequestSpec, distinct_experts
 from runahead.relaxation import Level, case_floor, case_levels, floor, level
 from runahead.scheduling import Grouping
