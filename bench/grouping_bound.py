@@ -33,7 +33,7 @@ from pathlib import Path
 
 from runahead.bench import cache_slots, warm_keys
 from runahead.bound import Schedule, SmallCase, pilot_schedule, run_policy
-from runahead.bound_search import best_schedule
+from runahead.bound_search import best_holds, best_schedule
 from runahead.costs import CostModel
 from runahead.jobs import Job
 from runahead.metrics import overlap_limit
@@ -88,7 +88,7 @@ def measure(
     started = time.perf_counter()
     pilot = pilot_schedule(case, GROUPINGS["bottleneck"])
     try:  # the paper's grouping never waits: one of the holds schedules, to prune from
-        holds = best_schedule(case, known=played["paper"], max_nodes=max_holds_nodes, lowest_first=True)
+        holds = best_holds(case, max_nodes=max_holds_nodes, known=played["paper"])
     except RuntimeError:
         holds = None
     best = None

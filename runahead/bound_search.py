@@ -225,11 +225,17 @@ def best_schedule(
     return Schedule(found.makespan, found.compute_s, found.fetch_s, found.groups, explored)
 
 
-def best_holds(case: SmallCase, incumbent: float = math.inf, max_nodes: int = 2_000_000) -> Schedule:
+def best_holds(
+    case: SmallCase,
+    incumbent: float = math.inf,
+    max_nodes: int = 2_000_000,
+    known: Schedule | None = None,
+) -> Schedule:
     """The shortest makespan when groups compute lowest layer first (the groupings' default
     ``ComputeOrder.LOWEST_LAYER``) over every decision to wait (:func:`best_schedule` with
-    ``lowest_first``): what a hold rule's decisions alone can reach, with hindsight, and a strong
-    ``known`` schedule to seed the full search with. The paper's grouping (never waiting) is one of
-    its schedules. Far fewer decisions than the full search: 4 and 8 requests over every layer of
-    the paper models take seconds, where the full search takes up to an hour at 4."""
-    return best_schedule(case, incumbent, max_nodes, lowest_first=True)
+    ``lowest_first``, the same arguments): what a hold rule's decisions alone can reach, with
+    hindsight, and a strong ``known`` schedule to seed the full search with. The paper's grouping
+    (never waiting) is one of its schedules, so it may seed this one. Far fewer decisions than the
+    full search: 4 and 8 requests over every layer of the paper models take seconds, where the full
+    search takes up to an hour at 4."""
+    return best_schedule(case, incumbent, max_nodes, known, lowest_first=True)
