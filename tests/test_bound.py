@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import SmallCase, _State, pilot_schedule, run_policy
+from runahead.bound import SmallCase, _Model, _State, pilot_schedule, run_policy
 from runahead.bound_search import _SearchModel, best_holds, best_schedule
 from runahead.jobs import ExpertKey, Job
 from runahead.scheduling import Grouping
@@ -89,7 +89,7 @@ def test_a_known_schedule_seeds_the_search_without_changing_its_answer() -> None
     assert best_schedule(case, known=plain).makespan == plain.makespan
 
 
-def shortest(model: _SearchModel, state: _State) -> float:
+def shortest(model: _Model, state: _State) -> float:
     """The shortest makespan from ``state`` over every decision, nothing pruned: the search's oracle."""
     if model.done(state):
         return state.now
@@ -141,13 +141,13 @@ def test_best_holds_is_the_best_lowest_layer_first_schedule(seed: int) -> None:
     # only the waits are searched: the shortest schedule that computes lowest layer first, found
     # with the same pruning; between the full optimum and the paper's grouping (which never waits)
     case = random_case(seed)
-    model = _SearchModel(case, lowest_first=True)
+    model = _Model(case, lowest_first=True)
     holds = best_holds(case)
     assert holds.makespan == pytest.approx(shortest(model, model.start()), abs=1e-12)
     assert best_schedule(case).makespan <= holds.makespan + 1e-12
     assert holds.makespan <= run_policy(case, Grouping()).makespan + 1e-12
     # and its groups replay through the model, each the lowest ready layer's when it starts
-    full = _SearchModel(case)
+    full = _Model(case)
     state = full.start()
     for start, layer, members in holds.groups:
         while state.now < start - 1e-12:
