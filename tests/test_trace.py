@@ -183,6 +183,42 @@ def test_recorded_variable_length_requests(tmp_path: Path) -> None:
     assert RoutingTrace.load(path).selections(1) == trace.selections(1)
 
 
+def _window_by_rows(
+    table: list[list[tuple[int, ...]]], layer: int, start: int, count: int
+) -> tuple[int, ...]:
+    """The union of ``count`` rows from ``start``, round the table's length, one row at a time."""
+    return tuple(sorted({e for i in range(count) for e in table[(start + i) % len(table)][layer]}))
+
+
+def test_window_is_the_union_of_the_rows_round_the_length() -> None:
+    """A prefill chunk's experts in the sim: every start and count (past the end, longer than the
+    whole request) of a synthetic trace and of recorded requests of different lengths, padded."""
+    trace = synthetic_trace(3, 16, 4, num_requests=2, num_steps=7, seed=5)
+    recorded = [
+        [[[3, 1], [0, 2]], [[1, 2], [3, 0]], [[0, 3], [1, 2]]],  # request 0: 3 steps
+        [[[0, 1], [2, 3]]],  # request 1: 1 step (padded with -1 after it)
+    ]
+    short = RoutingTrace.from_selections(recorded, num_experts=4)
+    checked = 0
+    for source in (trace, short):
+        for request in range(source.num_requests):
+            length = int(source.lengths[request])
+            for predicted in (False, True):
+                table = source.predictions(request) if predicted else source.selections(request)
+                for layer in range(source.num_layers):
+                    for start in range(2 * length + 1):
+                        for count in range(1, 2 * length + 2):
+                            got = source.window(request, layer, start, count, predicted=predicted)
+                            assert got == _window_by_rows(table, layer, start, count)
+                            assert all(type(e) is int for e in got)
+                            checked += 1
+    assert checked > 1000
+    assert short.window(1, 0, 5, 3) == (0, 1)  # the one step, whatever the start
+    assert short.window(0, 1, 0, 2, predicted=True) == ()  # nothing recorded
+    with pytest.raises(IndexError, match="request 2 out of range"):
+        short.window(2, 0, 0, 1)
+
+
 def _write(path: Path, **overrides: object) -> None:
     experts = np.array([[[[0, 1]], [[1, 2]]]], dtype=np.int16)
     arrays: dict[str, object] = {

@@ -104,6 +104,10 @@ class Routing(Protocol):
 
     def predictions(self, request: int) -> list[list[tuple[int, ...]]]: ...
 
+    def window(
+        self, request: int, layer: int, start: int, count: int, *, predicted: bool = False
+    ) -> tuple[int, ...]: ...
+
 
 class SimBackend:
     """A backend whose compute and link are models; routing comes from ``routing``.
@@ -149,7 +153,7 @@ class SimBackend:
                 f"{request.max_tokens} tokens) but the trace has {self.routing.num_steps}"
             )
         self._requests[request.request] = _SimRequest(
-            request, self.routing.selections(index), self.routing.predictions(index)
+            request, index, self.routing.selections(index), self.routing.predictions(index)
         )
 
     def close_request(self, request: int) -> None:
@@ -260,26 +264,13 @@ class SimBackend:
     def _prefill_result(self, state: _SimRequest, job: Job) -> JobResult:
         """A prefill chunk's gate at the next layer (and its prediction for the one after)."""
         following = job.layer + 2
-        table = state.predictions
-        predicted = self._gate(state, job, table, following) if following < self.num_layers else ()
-        return JobResult(job, self._gate(state, job, state.selections, job.layer + 1), predicted)
-
-    def _gate(
-        self, state: _SimRequest, job: Job, table: list[list[tuple[int, ...]]], layer: int
-    ) -> tuple[int, ...]:
-        """Experts at ``layer`` for the job's tokens: a decode step's, or the union over a prefill chunk.
-
-        A prefill chunk's tokens take the routing of the trace's steps at their positions (modulo
-        the trace's length): the request's own routing, so a prompt touches the experts its topic uses.
-        """
-        if not job.prefill:
-            return table[self.step_offset + state.decoded][layer]
-        steps, count = len(table), job.num_tokens
-        start = state.position % steps
-        rows = table[start : start + count]
-        while len(rows) < count:  # the chunk runs past the trace's end: its start again
-            rows += table[: count - len(rows)]
-        return tuple(sorted(set(itertools.chain.from_iterable(map(operator.itemgetter(layer), rows)))))
+        window = self.routing.window
+        predicted = (
+            window(state.index, following, state.position, job.num_tokens, predicted=True)
+            if following < self.num_layers
+            else ()
+        )
+        return JobResult(job, window(state.index, job.layer + 1, state.position, job.num_tokens), predicted)
 
     def _duration(self, group: Group, states: list[_SimRequest]) -> float:
         """The cost model's time for the group; waves before the last pay for their experts only."""
@@ -320,6 +311,7 @@ def _wave_share(job: Job, budget: int) -> float:
 @dataclass(slots=True)
 class _SimRequest:
     spec: RequestSpec
+    index: int  # the trace's request whose routing this one takes
     selections: list[list[tuple[int, ...]]]
     predictions: list[list[tuple[int, ...]]]
     position: int = 0  # tokens processed (prefill and decode)
