@@ -182,6 +182,11 @@ class ExpertCache:
         """The ids of the experts being read (``PENDING``): a live, read-only view."""
         return self._pending.keys()
 
+    @property
+    def pinned_ids(self) -> KeysView[ExpertId]:
+        """The ids of the experts some job has pinned, in any state: a live, read-only view."""
+        return self._refs.keys()
+
     def state_id(self, expert: ExpertId) -> EntryState | None:
         """The state of the entry of id ``expert``, or None."""
         if expert in self._resident:

@@ -4,7 +4,7 @@ import asyncio
 
 from runahead.actors.issuer import JobIssuer
 from runahead.cache import ExpertCache
-from runahead.jobs import ExpertKey, Job, expert_id
+from runahead.jobs import ExpertKey, Job, expert_id, expert_ids
 from runahead.messages import Blocked, FetchDone, NextJobs, Ready
 from runahead.metrics import Recorder
 
@@ -66,3 +66,19 @@ async def test_a_job_with_more_experts_than_its_budget_runs_in_waves_resident_fi
     assert blocked.job.remaining == (3, 5, 9)
     assert blocked.missing == (expert_id(ExpertKey(2, 1)),)
     assert cache.refcount(ExpertKey(2, 3)) == 0  # later waves pin nothing yet
+
+
+async def test_waves_take_resident_then_arriving_then_wanted_then_the_rest_each_by_number() -> None:
+    """A later wave's experts come in the previous wave's order, not sorted: the order is the
+    experts' states then their numbers, whatever order they came in."""
+    cache = ExpertCache(16)
+    cache.warm([ExpertKey(2, 7)])
+    assert cache.pin_ids(expert_ids(2, (9, 3))) == expert_ids(2, (9, 3))  # another job wants them,
+    cache.reserve(ExpertKey(2, 9))  # and 9's read is on its way
+    states = [cache.state(ExpertKey(2, e)) for e in (7, 9, 3, 1)]
+    assert [s.value if s else None for s in states] == ["resident", "pending", "wanted", None]
+    actor, _, fetcher = issuer(cache)
+    actor.handle(NextJobs((Job(0, 0, 2, (11, 3, 9, 1, 7, 5), prefill=True, num_tokens=4),)))
+    blocked = fetcher.get_nowait()
+    assert blocked.job.experts == (7, 9)
+    assert blocked.job.remaining == (3, 1, 5, 11)

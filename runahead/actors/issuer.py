@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from runahead.backend import Backend
-from runahead.cache import EntryState, ExpertCache, admissible
+from runahead.cache import ExpertCache, admissible
 from runahead.jobs import ExpertId, Job, RequestSpec, expert_ids
 from runahead.mailbox import serve
 from runahead.messages import (
@@ -36,8 +36,6 @@ from runahead.messages import (
 )
 from runahead.metrics import Recorder
 from runahead.prefetch import Predictor
-
-_WAVE_ORDER = {EntryState.RESIDENT: 0, EntryState.PENDING: 1, EntryState.WANTED: 2, None: 3}
 
 
 class JobIssuer:
@@ -156,11 +154,24 @@ class JobIssuer:
     def _first_wave(self, job: Job) -> Job:
         """Split a job needing more experts than one job may pin into waves (deadlock rule).
 
-        Resident experts go first, then those already on their way, then the rest, so the first
-        waves compute while the link brings the later ones (expert-granular accumulation).
+        Resident experts go first, then those already on their way, then those another job waits
+        for, then the rest, each kind by expert number, so the first waves compute while the link
+        brings the later ones (expert-granular accumulation).
         """
-        states = map(self.cache.state_id, expert_ids(job.layer, job.experts))
-        order = [e for _, e in sorted(zip(map(_WAVE_ORDER.__getitem__, states), job.experts, strict=True))]
+        cache = self.cache
+        resident, pending, pinned = cache.resident_ids, cache.pending_ids, cache.pinned_ids
+        ranks: tuple[list[int], ...] = ([], [], [], [])  # as ``state_id``: resident, being read, wanted, none
+        first, coming, wanted, absent = ranks
+        for expert, key in zip(job.experts, expert_ids(job.layer, job.experts), strict=True):
+            if key in resident:
+                first.append(expert)
+            elif key in pending:
+                coming.append(expert)
+            elif key in pinned:
+                wanted.append(expert)
+            else:
+                absent.append(expert)
+        order = [expert for rank in ranks for expert in sorted(rank)]  # a prefill chunk: hundreds
         budget = self.backend.experts_per_job
         return replace(job, experts=tuple(order[:budget]), remaining=tuple(order[budget:]))
 
