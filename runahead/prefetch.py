@@ -81,12 +81,15 @@ class HistoryPredictor:
         if not maps:
             return ()
         best_score, best = -1, None
+        before, now = layer - 1, layer
+        seen_before, seen_now = current.get(before), current.get(now)
+        empty: frozenset[int] = frozenset()
         for past in reversed(maps):  # most recent first, so ties keep the most recent
-            score = sum(
-                len(past.get(lyr, frozenset()) & experts)
-                for lyr in (layer - 1, layer)
-                if (experts := current.get(lyr))
-            )
+            score = 0
+            if seen_before:
+                score += len(past.get(before, empty) & seen_before)
+            if seen_now:
+                score += len(past.get(now, empty) & seen_now)
             if score > best_score:
                 best_score, best = score, past
         assert best is not None

@@ -5,6 +5,7 @@ import pytest
 from runahead.cache import ExpertCache
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Job, expert_id, expert_key
 from runahead.policy import BASE_POLICIES, parse_policy
+from runahead.prefetch import HistoryPredictor
 from runahead.scheduling import (
     ComputeOrder,
     ComputeQueue,
@@ -216,3 +217,19 @@ def test_a_cancelled_jobs_experts_are_dropped_not_selected() -> None:
     queue.discard(0)
     queue.discard(1)
     assert not queue._by_key  # no per-request leftovers once both are forgotten
+
+
+def test_history_prediction_takes_the_most_similar_past_token_and_ties_go_to_the_latest() -> None:
+    """Similarity is the overlap at the job's layer and the one before; the prediction is that
+    past token's experts one layer on."""
+    predictor = HistoryPredictor(num_layers=4, history=3)
+    past = [((1, 2), (3, 4), (5, 6), (7, 8)), ((1, 9), (3, 10), (11, 12), (13, 14))]
+    for step, rows in enumerate(past):
+        for layer, experts in enumerate(rows):
+            predictor.predict(Job(0, step, layer, experts))
+    # layer 0 {1, 2}: token 0 overlaps by 2, token 1 by 1
+    assert predictor.predict(Job(0, 2, 0, (1, 2))) == (3, 4)
+    # then layer 1 {3, 10}: token 0 scores 2 + 1, token 1 scores 1 + 2: the later one
+    assert predictor.predict(Job(0, 2, 1, (3, 10))) == (11, 12)
+    assert predictor.predict(Job(0, 2, 3, (7,))) == ()  # the last layer: nothing follows
+    assert predictor.predict(Job(1, 0, 0, (1, 2))) == ()  # another request has no history

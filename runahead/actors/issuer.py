@@ -162,7 +162,7 @@ class JobIssuer:
         resident, pending, pinned = cache.resident_ids, cache.pending_ids, cache.pinned_ids
         ranks: tuple[list[int], ...] = ([], [], [], [])  # as ``state_id``: resident, being read, wanted, none
         first, coming, wanted, absent = ranks
-        for expert, key in zip(job.experts, expert_ids(job.layer, job.experts), strict=True):
+        for expert, key in zip(job.experts, job.ids, strict=True):
             if key in resident:
                 first.append(expert)
             elif key in pending:
