@@ -252,6 +252,10 @@ def run_worker(tree: Path, worker: str, fields: dict[str, Any], count: int) -> d
     return result
 
 
+POINTS: dict[str, Any] = {"workload": "chat", "concurrencies": CONCURRENCIES, "fractions": FRACTIONS}
+"""What :func:`overhead_points` varies (``--workload``, ``--concurrency``, ``--cache-fraction`` set it)."""
+
+
 def overhead_points(steps: int, real: bool) -> list[dict[str, Any]]:
     return [
         {
@@ -262,9 +266,10 @@ def overhead_points(steps: int, real: bool) -> list[dict[str, Any]]:
             "cache_fraction": fraction,
             "steps": steps,
             "zero_cost": not real,
+            "workload": POINTS["workload"],
         }
-        for concurrency in CONCURRENCIES
-        for fraction in FRACTIONS
+        for concurrency in POINTS["concurrencies"]
+        for fraction in POINTS["fractions"]
         for policy in POLICIES
     ]
 
@@ -323,7 +328,17 @@ def main() -> int:
     parser.add_argument("--instructions", action="store_true", help="count instructions (callgrind)")
     parser.add_argument("--bytecodes", action="store_true", help="count bytecodes, per function (settrace)")
     parser.add_argument("--top", type=int, default=0, help="with --bytecodes: the after tree's top functions")
+    parser.add_argument(
+        "--workload", default="chat", choices=["chat", "agentic"], help="the points' workload"
+    )
+    parser.add_argument("--concurrency", help="comma list instead of 8,16")
+    parser.add_argument("--cache-fraction", help="comma list instead of 1.0,0.3")
     args = parser.parse_args()
+    POINTS["workload"] = args.workload  # agentic: prompts prefilled in chunks and waves (chat: none)
+    if args.concurrency:
+        POINTS["concurrencies"] = tuple(int(c) for c in args.concurrency.split(","))
+    if args.cache_fraction:
+        POINTS["fractions"] = tuple(float(f) for f in args.cache_fraction.split(","))
     if args.check:
         return compare_decisions(args.before, args.after)
     if args.bytecodes:
