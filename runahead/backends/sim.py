@@ -262,7 +262,11 @@ class SimBackend:
         raise AssertionError("unreachable")
 
     def _prefill_result(self, state: _SimRequest, job: Job) -> JobResult:
-        """A prefill chunk's gate at the next layer (and its prediction for the one after)."""
+        """A prefill chunk's gate at the next layer (and its prediction for the one after).
+
+        A chunk's tokens take the routing of the trace's steps at their positions (round the trace's
+        length): the request's own routing, so a prompt touches the experts its topic uses.
+        """
         following = job.layer + 2
         window = self.routing.window
         predicted = (
