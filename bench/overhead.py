@@ -167,9 +167,9 @@ def measure_bytecodes(tree: Path, fields: dict[str, Any], top: int) -> dict[str,
     return run_worker(tree, BYTECODE_WORKER, fields, top)
 
 
-def compare_bytecodes(before: Path, after: Path, steps: int, real: bool, top: int) -> None:
+def compare_bytecodes(before: Path, after: Path, points: list[dict[str, Any]], real: bool, top: int) -> None:
     print_count_header("op")
-    for fields in overhead_points(steps, real):
+    for fields in points:
         b, a = measure_bytecodes(before, fields, 0), measure_bytecodes(after, fields, top)
         print_count_row(fields, real, a["jobs"], b["bytecodes"] / b["jobs"], a["bytecodes"] / a["jobs"])
         for name, count in a["top"]:
@@ -199,13 +199,13 @@ def measure_instructions(tree: Path, fields: dict[str, Any], helper: Path) -> di
     return result
 
 
-def compare_instructions(before: Path, after: Path, steps: int, real: bool) -> None:
+def compare_instructions(before: Path, after: Path, points: list[dict[str, Any]], real: bool) -> None:
     with tempfile.TemporaryDirectory() as folder:
         source, helper = Path(folder) / "cg.c", Path(folder) / "cg.so"
         source.write_text(CALLGRIND_HELPER)
         subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(helper), str(source)], check=True)
         print_count_header("Ir")
-        for fields in overhead_points(steps, real):
+        for fields in points:
             b, a = (measure_instructions(tree, fields, helper) for tree in (before, after))
             print_count_row(
                 fields, real, a["jobs"], b["instructions"] / b["jobs"], a["instructions"] / a["jobs"]
@@ -252,11 +252,15 @@ def run_worker(tree: Path, worker: str, fields: dict[str, Any], count: int) -> d
     return result
 
 
-POINTS: dict[str, Any] = {"workload": "chat", "concurrencies": CONCURRENCIES, "fractions": FRACTIONS}
-"""What :func:`overhead_points` varies (``--workload``, ``--concurrency``, ``--cache-fraction`` set it)."""
-
-
-def overhead_points(steps: int, real: bool) -> list[dict[str, Any]]:
+def overhead_points(
+    steps: int,
+    real: bool,
+    workload: str = "chat",
+    concurrencies: tuple[int, ...] = CONCURRENCIES,
+    fractions: tuple[float, ...] = FRACTIONS,
+) -> list[dict[str, Any]]:
+    """The points compared: Qwen3.6 on the Thor, every policy, concurrency and cache fraction given
+    (``agentic``: prompts prefilled in chunks and waves; ``chat`` prefills nothing)."""
     return [
         {
             "model": "qwen3.6-35b-a3b",
@@ -266,21 +270,23 @@ def overhead_points(steps: int, real: bool) -> list[dict[str, Any]]:
             "cache_fraction": fraction,
             "steps": steps,
             "zero_cost": not real,
-            "workload": POINTS["workload"],
+            "workload": workload,
         }
-        for concurrency in POINTS["concurrencies"]
-        for fraction in POINTS["fractions"]
+        for concurrency in concurrencies
+        for fraction in fractions
         for policy in POLICIES
     ]
 
 
-def compare_cost(before: Path, after: Path, steps: int, reps: int, real: bool, rounds: int) -> None:
+def compare_cost(
+    before: Path, after: Path, points: list[dict[str, Any]], reps: int, real: bool, rounds: int
+) -> None:
     header = (
         f"{'costs':<9} {'policy':<9} {'conc':>4} {'cache':>5} {'jobs':>6} {'groups':>6} {'reads':>6} "
         f"{'before us/job':>13} {'after us/job':>12} {'after/before':>12}"
     )
     print(header)
-    for fields in overhead_points(steps, real):
+    for fields in points:
         best: dict[str, dict[str, Any]] = {}
         for _ in range(rounds):
             for name, tree in (("before", before), ("after", after)):
@@ -334,20 +340,22 @@ def main() -> int:
     parser.add_argument("--concurrency", help="comma list instead of 8,16")
     parser.add_argument("--cache-fraction", help="comma list instead of 1.0,0.3")
     args = parser.parse_args()
-    POINTS["workload"] = args.workload  # agentic: prompts prefilled in chunks and waves (chat: none)
-    if args.concurrency:
-        POINTS["concurrencies"] = tuple(int(c) for c in args.concurrency.split(","))
-    if args.cache_fraction:
-        POINTS["fractions"] = tuple(float(f) for f in args.cache_fraction.split(","))
+    points = overhead_points(
+        args.steps,
+        args.real,
+        args.workload,
+        tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else CONCURRENCIES,
+        tuple(float(f) for f in args.cache_fraction.split(",")) if args.cache_fraction else FRACTIONS,
+    )
     if args.check:
         return compare_decisions(args.before, args.after)
     if args.bytecodes:
-        compare_bytecodes(args.before, args.after, args.steps, args.real, args.top)
+        compare_bytecodes(args.before, args.after, points, args.real, args.top)
         return 0
     if args.instructions:
-        compare_instructions(args.before, args.after, args.steps, args.real)
+        compare_instructions(args.before, args.after, points, args.real)
         return 0
-    compare_cost(args.before, args.after, args.steps, args.reps, args.real, args.rounds)
+    compare_cost(args.before, args.after, points, args.reps, args.real, args.rounds)
     return 0
 
 
