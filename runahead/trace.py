@@ -134,8 +134,7 @@ class RoutingTrace:
         (:meth:`predictions`), counted in numpy: a chunk is hundreds of rows, and a loop over them
         was the sim's busiest line in ``bench paper``.
         """
-        if not 0 <= request < self.num_requests:
-            raise IndexError(f"request {request} out of range [0, {self.num_requests})")
+        self._check_request(request)
         length = int(self.lengths[request])
         rows = (self.predicted if predicted else self.experts)[request, :length, layer]
         if count < 1 or length < 1:
@@ -150,9 +149,12 @@ class RoutingTrace:
         counts = np.bincount(picked.astype(np.intp) + 1, minlength=self._num_experts + 1)  # -1: padding
         return tuple(np.flatnonzero(counts[1:]).tolist())
 
-    def _tuples(self, array: IntArray, request: int) -> list[list[Selection]]:
+    def _check_request(self, request: int) -> None:
         if not 0 <= request < self.num_requests:
             raise IndexError(f"request {request} out of range [0, {self.num_requests})")
+
+    def _tuples(self, array: IntArray, request: int) -> list[list[Selection]]:
+        self._check_request(request)
         rows = array[request, : int(self.lengths[request])].tolist()
         return [[tuple(e for e in sel if e >= 0) for sel in step] for step in rows]
 
