@@ -176,7 +176,11 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         initial = {spec.request for spec in specs[: point.concurrency]}
         first = max(t for r, step, t in runtime.recorder.tokens if step == 0 and r in initial)
         end = max(t for _, _, t in runtime.recorder.tokens) if drain is None else drain
-        metrics = summarize_window(runtime.recorder, runtime.cache.stats, first, end, point.concurrency)
+        if point.zero_cost:  # no virtual time passes: no window to cut, the whole run counts
+            steps = len(runtime.recorder.tokens) / point.concurrency
+            metrics = summarize(runtime.recorder, runtime.cache.stats, steps=steps)
+        else:
+            metrics = summarize_window(runtime.recorder, runtime.cache.stats, first, end, point.concurrency)
         extra = {
             "requests": len(specs),
             "prefill_tokens": sum(spec.prefill_tokens for spec in specs),

@@ -113,3 +113,15 @@ def test_the_charge_leaves_out_its_own_polls() -> None:
     spent_ns = time.thread_time_ns() - start
     charged_ns = selector.charged_ticks * (1_000_000_000 // TICKS_PER_S)
     assert charged_ns <= spent_ns // 2  # without leaving them out it would be all of it
+
+
+def test_zero_cost_agentic_runs_count_the_whole_run() -> None:
+    """No virtual time passes at zero cost, so the agentic window ``(first token, drain]`` is empty:
+    the row counts every token and job of the run instead of refusing it."""
+    point = BenchPoint(
+        "qwen3.6-35b-a3b", "thor", "runahead", 2, 0.3, 3, warmup_steps=1, zero_cost=True, workload="agentic"
+    )
+    row = run_point(point)
+    assert row["makespan_s"] == 0.0 and row["tokens_per_s"] == float("inf")
+    assert row["tokens"] >= 2 * 3 and row["steps"] == row["tokens"] / 2
+    assert row["jobs"] > 0 and row["overhead_us_per_job"] == pytest.approx(row["cpu_s"] / row["jobs"] * 1e6)
