@@ -94,8 +94,9 @@ class ExpertFetcher:
             self.hints.discard(message.request)
 
     def _wake_one(self) -> None:
-        """Wake the longest-idle worker, unless one woken before has not run yet."""
-        if self._waking:
+        """Wake the longest-idle worker, unless one woken before has not run yet, or there is nothing
+        it could read (no blocked job with a read to start, no prefetch hint): it would only park again."""
+        if self._waking or not self._idle or not (self.demand or self.hints):
             return
         while self._idle:
             waiter = self._idle.popleft()
