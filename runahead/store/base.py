@@ -85,12 +85,16 @@ class SlotPool:
         self.dtype = dtype
         self.device = torch.device(device)
         self.data = torch.empty((num_slots, slot_numel), dtype=dtype, device=self.device)
+        # NOTE (views made once): ``data[i]`` is a torch call that lets go of the GIL, and the event
+        # loop asks for a slot at every read while the compute thread runs Python: a call that lets
+        # go of the GIL can then wait for it up to the switch interval (docs/results-torch.md).
+        self._views = list(self.data.unbind(0))
 
     def slot(self, i: int) -> torch.Tensor:
         """Slot ``i`` as a contiguous 1-D view of ``slot_numel`` elements (no copy)."""
         if not 0 <= i < self.num_slots:
             raise IndexError(f"slot {i} out of range [0, {self.num_slots})")
-        return self.data[i]
+        return self._views[i]
 
     @property
     def nbytes(self) -> int:
@@ -236,7 +240,7 @@ def _check_slot(layout: ExpertLayout, slot: torch.Tensor) -> torch.Tensor:
             f"slot must be a contiguous tensor of {layout.slot_numel} elements, "
             f"got shape {list(slot.shape)} (contiguous={slot.is_contiguous()})"
         )
-    return slot.view(-1)
+    return slot if slot.dim() == 1 else slot.view(-1)  # dim() keeps the GIL; view lets go of it
 
 
 # ---------------------------------------------------------------------------------------------
