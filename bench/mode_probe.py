@@ -11,9 +11,10 @@ Prints each window's mean round time to stderr. Real backends only (wall clock);
 scheduler, so it lives here, beside ``grouping_gap.py``.
 
 Measured (docs/results-torch.md, "The demo's point on an AVX2 EPYC"): at the demo's point, where
-batching wins, it kept to batching after its first probes; behind a 0.6 GB/s host link, where running
-ahead wins by ~27%, it kept to running ahead but lost ~6% to plain ``runahead`` in a 32-step run, the
-cost of its batch probes.
+batching won, its tokens/s came out between sync's and runahead's; behind a 0.6 GB/s host link, where
+running ahead wins by ~27%, it kept to running ahead but lost ~6% to plain ``runahead`` in a 32-step
+run, the cost of its batch probes. Where the two modes' round times are close it switches back and
+forth (no margin before a switch).
 """
 
 from __future__ import annotations
