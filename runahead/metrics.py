@@ -59,6 +59,8 @@ class Recorder:
     reads: int = 0
     token_count: int = 0
     holds: int = 0  # times bottleneck grouping held a ready group back
+    batched_tokens: int = 0  # tokens made while adaptive grouping batched (:mod:`runahead.mode`)
+    mode_switches: int = 0  # times adaptive grouping switched between running ahead and batching
     _in_flight: int = 0  # reads started and not ended (:meth:`read_started` / :meth:`read_ended`)
     _link_mark: float = 0.0  # where ``link_seconds`` counts on from while a read is in flight
 

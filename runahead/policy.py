@@ -6,9 +6,10 @@ A policy spec is a name with optional knobs: ``NAME[/knob=value...]``, for examp
 
 | name | grouping | prefetch | stands for |
 | --- | --- | --- | --- |
-| ``runahead`` | bottleneck-aware | none | Bevy with grouping beyond the paper (docs/results-core.md) |
+| ``runahead`` | adaptive (bottleneck-aware) | none | Bevy, grouping beyond the paper (docs/results-core.md) |
+| ``runahead/grouping=bottleneck`` | bottleneck-aware | none | the same, never batching by measurement |
 | ``runahead/grouping=opportunistic`` | opportunistic | none | the paper's system as published |
-| ``runahead+prefetch`` | bottleneck-aware | speculative gate | the paper's combination study |
+| ``runahead+prefetch`` | adaptive (bottleneck-aware) | speculative gate | the paper's combination study |
 | ``sync`` | one static group of all requests | none | llama.cpp with an expert cache |
 | ``prefetch-gate`` | as sync | speculative gate | SpecMD / Mixtral-offloading |
 | ``prefetch-history`` | as sync | request history | FineMoE |
@@ -58,8 +59,10 @@ def _sync(name: str, prefetch: str | None = None) -> PolicyConfig:
 
 
 BASE_POLICIES: dict[str, PolicyConfig] = {
-    "runahead": _runahead("runahead", Grouping(bottleneck=True)),
-    "runahead+prefetch": _runahead("runahead+prefetch", Grouping(bottleneck=True), prefetch="gate"),
+    "runahead": _runahead("runahead", Grouping(bottleneck=True, adaptive=True)),
+    "runahead+prefetch": _runahead(
+        "runahead+prefetch", Grouping(bottleneck=True, adaptive=True), prefetch="gate"
+    ),
     "sync": _sync("sync"),
     "prefetch-gate": _sync("prefetch-gate", prefetch="gate"),
     "prefetch-history": _sync("prefetch-history", prefetch="history"),

@@ -57,23 +57,29 @@ class Grouping:
     ``static`` with ``sizes=None`` is one group of every lane (``sync``). With sizes ``(2, 2, 2)``,
     lanes 0-1, 2-3 and 4-5 form the groups; further lanes repeat the pattern. ``bottleneck`` is
     opportunistic grouping that may hold a group back for jobs of its layer about to be ready.
+    ``adaptive`` (with ``bottleneck``) also measures running ahead against one group of every lane
+    and keeps the faster, on backends whose costs are measured (:mod:`runahead.mode`).
     """
 
     static: bool = False
     sizes: tuple[int, ...] | None = None
     bottleneck: bool = False
+    adaptive: bool = False
 
     @classmethod
     def parse(cls, text: str) -> Grouping:
-        """Parse ``opportunistic``, ``bottleneck``, ``static:all`` or ``static:K:K:...``."""
+        """Parse ``opportunistic``, ``bottleneck``, ``adaptive``, ``static:all`` or ``static:K:K:...``."""
         if text == "opportunistic":
             return cls()
         if text == "bottleneck":
             return cls(bottleneck=True)
+        if text == "adaptive":
+            return cls(bottleneck=True, adaptive=True)
         parts = text.split(":")
         if parts[0] != "static" or len(parts) < 2:
             raise ValueError(
-                f"grouping {text!r}: expected 'opportunistic', 'bottleneck', 'static:all' or 'static:K:K:...'"
+                f"grouping {text!r}: expected 'opportunistic', 'bottleneck', 'adaptive', 'static:all' "
+                "or 'static:K:K:...'"
             )
         if parts[1:] == ["all"]:
             return cls(static=True)
@@ -98,7 +104,7 @@ class Grouping:
 
     def __str__(self) -> str:
         if not self.static:
-            return "bottleneck" if self.bottleneck else "opportunistic"
+            return "adaptive" if self.adaptive else "bottleneck" if self.bottleneck else "opportunistic"
         return "static:" + ("all" if self.sizes is None else ":".join(map(str, self.sizes)))
 
 

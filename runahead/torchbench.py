@@ -181,6 +181,9 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         **_handoffs(recorder.compute_seconds, recorder.groups, backend),
         "jobs": jobs,
         "holds": recorder.holds,  # times bottleneck grouping held a ready group back
+        # adaptive grouping (runahead.mode): share of the run's tokens, warm-up included, made batching
+        "batched_share": recorder.batched_tokens / max(1, recorder.token_count),
+        "mode_switches": recorder.mode_switches,
         "wall_s": wall,
         "host_cpu": host_cpu(),
         "direct_io": direct_io,

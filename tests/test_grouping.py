@@ -54,12 +54,16 @@ def test_bottleneck_grouping_parses_and_prints_its_name() -> None:
     assert grouping.bottleneck and not grouping.static and str(grouping) == "bottleneck"
     assert str(Grouping.parse("opportunistic")) == "opportunistic"
     policy = parse_policy("runahead/grouping=bottleneck")
-    assert policy.grouping.bottleneck
-    assert parse_policy(policy.spec) == policy
+    assert policy.grouping.bottleneck and not policy.grouping.adaptive
+    assert parse_policy(policy.spec) == policy and policy.spec == "runahead/grouping=bottleneck"
     paper = parse_policy("runahead/grouping=opportunistic")
     assert not paper.grouping.bottleneck and parse_policy(paper.spec) == paper
-    # plain runahead is the bottleneck-aware grouping; the paper's keeps its name as a knob
-    assert parse_policy("runahead") == policy and policy.spec == "runahead"
+    # plain runahead is the bottleneck-aware grouping, adaptive (measured against batching on a real
+    # backend); the rule alone and the paper's grouping keep their names as knobs
+    adaptive = parse_policy("runahead")
+    assert adaptive.grouping == Grouping.parse("adaptive") and str(adaptive.grouping) == "adaptive"
+    assert adaptive.grouping.bottleneck and adaptive.grouping.adaptive and adaptive.spec == "runahead"
+    assert parse_policy("runahead/grouping=adaptive") == adaptive
     assert paper.spec == "runahead/grouping=opportunistic"
 
 

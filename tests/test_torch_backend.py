@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import runahead.backends.torch as torch_backend
+from runahead import mode
 from runahead.backends.torch import TorchBackend
 from runahead.jobs import RequestSpec
 from runahead.models import qkernel
@@ -174,6 +175,25 @@ def test_prompts_in_chunks_and_waves_give_the_same_tokens(model, chunk: int) -> 
     tokens, _, runtime = run(path, "runahead", requests=8, slots=6, barrier=False, chunk=chunk)
     assert tokens == {i: expected[i] for i in range(8)}
     assert max(record.size for record in runtime.recorder.computes) >= 2
+
+
+@pytest.mark.parametrize("barrier", [True, False], ids=["barrier", "no-barrier"])
+def test_switching_between_running_ahead_and_batching_changes_no_token(  # type: ignore[no-untyped-def]
+    model, barrier: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adaptive grouping (plain ``runahead`` on a measuring backend) with one-step windows switches
+    between the bottleneck rule and one group of every request every few steps, mid-layer without
+    the step barrier: the tokens stay transformers'."""
+    path, expected = model
+    if "qwen3_moe" not in str(path):
+        pytest.skip("one architecture covers the scheduling change")
+    for name in ("PROBE_STEPS", "FIRST_EXPLOIT_STEPS", "MAX_EXPLOIT_STEPS"):
+        monkeypatch.setattr(mode, name, 1)
+    tokens, _, runtime = run(path, "runahead", requests=4, slots=8, barrier=barrier)
+    assert tokens == {i: expected[i] for i in range(4)}
+    recorder = runtime.recorder
+    assert recorder.mode_switches >= 4
+    assert 0 < recorder.batched_tokens < recorder.token_count
 
 
 SCHEDULES = ("sync", "runahead", "runahead/grouping=opportunistic", "runahead/grouping=static:1:1:1:1:1")

@@ -13,7 +13,9 @@ and has not had them back as ready), the cache's view of their experts, and cost
 cost model when it has one (the sim's ``costs``), else what this run measured (group compute times
 fitted per kind of layer as shared + per distinct expert, the link's busy time per read). A :class:`Hold`
 waits for the next message (a job became ready, a cancellation) or the hold's deadline, whichever
-comes first, then decides again.
+comes first, then decides again. With ``adaptive`` grouping on such a backend a
+:class:`runahead.mode.ModeChooser` is told of every token and may switch the queue to one group of
+every request (batching) while that measures faster, and back.
 
 A group whose compute raises fails only its own requests (their pins and state are released, their
 callers get the error); the others go on. ``max_compute_failures`` groups failing in a row means
@@ -39,13 +41,17 @@ from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, disti
 from runahead.mailbox import Handoff, Mailbox, Outbox
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
-from runahead.scheduling import ComputeQueue, StepBarrier
+from runahead.mode import Mode, ModeChooser
+from runahead.scheduling import ComputeQueue, Grouping, StepBarrier
 
 SHARE_WINDOW_STEPS = 4
 """Without a cost model the rule's compute share is measured over about this many recent steps."""
 
 _SELF_CONTAINED = (Ready, Started)
 """Messages whose handling changes only the scheduler's own state (and sends nothing)."""
+
+BATCHING = Grouping(static=True)
+"""The grouping an adaptive scheduler switches to while batching measures faster: ``sync``'s."""
 
 
 class TokenSink(Protocol):
@@ -93,8 +99,14 @@ class ComputeScheduler:
         self.lanes: dict[int, int] = {}
         self.positions: dict[int, tuple[int, int]] = {}  # requests with a job in flight
         self.blocked: dict[int, Job] = {}  # jobs sent to the issuer and not back as ready yet
-        self._bottleneck = queue.grouping.bottleneck
+        self._ahead = queue.grouping  # the configured grouping (what AHEAD runs)
+        self._bottleneck = queue.grouping.bottleneck  # the rule decides now (it may hold groups)
+        self._tracking = queue.grouping.bottleneck  # blocked jobs and the compute fit are kept
         self._model = getattr(backend, "costs", None)  # the sim's cost model, if any
+        self._chooser: ModeChooser | None = None  # measures ahead against batching (real backends)
+        if queue.grouping.adaptive and self._model is None:
+            self._chooser = ModeChooser()
+        self._prompt_computed = False  # a prompt pass ran since the chooser's last token
         self._pricer: GroupPricer | None = None  # a CostModel's prices, job by job
         if isinstance(self._model, CostModel):
             self._pricer = partial(GroupCost, self._model, self._context)
@@ -242,8 +254,10 @@ class ComputeScheduler:
             return
         self.health.compute_succeeded()
         end = self._now()
-        if self._bottleneck and self._model is None:
+        if self._tracking and self._model is None:
             self._fit.observe_group(group.jobs, end - start)
+            if self._chooser is not None and not self._prompt_computed:
+                self._prompt_computed = any(job.prefill for job in group.jobs)
         if len(results) != len(group.jobs):
             raise RuntimeError(
                 f"backend returned {len(results)} results for a group of {len(group.jobs)} jobs"
@@ -276,7 +290,7 @@ class ComputeScheduler:
                     )
                 )
         if next_jobs:
-            if self._bottleneck:
+            if self._tracking:
                 for job in next_jobs:
                     self.blocked[job.request] = job
             self._awaiting_reply = True
@@ -325,6 +339,8 @@ class ComputeScheduler:
                 raise RuntimeError(f"backend returned no token for request {job.request}'s last layer")
             self.recorder.token(job.request, generated, time)
             self.sink.token(job.request, generated, result.token, time)
+            if self._chooser is not None:
+                self._choose_mode(time)
             finished = generated + 1 >= request.max_tokens or result.token in request.stop_tokens
         self.positions.pop(job.request, None)
         if finished:
@@ -335,6 +351,18 @@ class ComputeScheduler:
         else:
             entry = self._entry_job(job.request, job.step + 1, job.lane, job.epoch + 1)
             self._release(self.barrier.token_done(job.request, entry))
+
+    def _choose_mode(self, now: float) -> None:
+        """Tell the chooser of a token; switch the queue's grouping if it chose the other mode."""
+        assert self._chooser is not None
+        if not self._bottleneck:
+            self.recorder.batched_tokens += 1
+        mode = self._chooser.token(now, len(self.requests), self._prompt_computed)
+        self._prompt_computed = False
+        if (mode is Mode.AHEAD) != self._bottleneck:
+            self._bottleneck = mode is Mode.AHEAD
+            self.queue.grouping = self._ahead if self._bottleneck else BATCHING
+            self.recorder.mode_switches += 1
 
     def _group_failed(self, group: Group, error: Exception) -> None:
         """A group's compute raised: fail its requests alone, or stop if computes keep failing."""

@@ -1,0 +1,136 @@
+"""Running ahead or batching: keep whichever this run measures faster (``runahead``'s adaptive grouping).
+
+Running ahead buys overlap (the link reads while the compute unit works on requests whose experts
+are resident) and pays for it with smaller groups, each of which reads the shared weights again.
+Where the overlap hides less than the small groups cost, one group of every request (*batching*,
+``sync``'s grouping) is faster. The bottleneck rule prices that trade from its inputs, but on a real
+backend one cost it cannot see decides it: the reads and the compute share the machine. On two CPU
+cores with experts on disk, runahead's reads took 1.7x longer a step than sync's for the same bytes
+and its compute 3.3x (docs/results-torch.md, "The demo's point on an AVX2 EPYC"). A measurement sees
+both.
+
+:class:`ModeChooser` measures. It is pure (no clock, no I/O): the scheduler tells it when each token
+was generated, how many requests were active and whether a prompt pass ran since the last token; it
+answers with the mode to run in. It works in *steps* (one token per active request) and in windows
+of steps:
+
+- **probe**: run a mode for :data:`PROBE_STEPS` measured steps, after one settling step when the
+  mode changed (jobs of the other mode still in flight, a cache shaped by it);
+- once both modes are measured, **exploit** the faster for :data:`FIRST_EXPLOIT_STEPS` steps, then
+  probe the other again. A challenger takes over only if faster by :data:`SWITCH_MARGIN`; each time
+  the incumbent wins again its exploit window doubles, up to :data:`MAX_EXPLOIT_STEPS`, so a run
+  with a clear winner spends less and less of its time probing the loser.
+
+A window is measured as seconds per token. Measurements are kept per number of active requests (a
+step of 2 and one of 8 do not compare), and a window restarts (settling again) when that number
+changes or a prompt is being processed, so only steady decode is compared. Neither mode changes a
+token: every grouping computes the same jobs (tests/test_mode.py, tests/test_torch_backend.py).
+"""
+
+from __future__ import annotations
+
+import enum
+
+PROBE_STEPS = 2
+"""Measured steps of a probe (after one settling step when the mode changed)."""
+FIRST_EXPLOIT_STEPS = 16
+"""Measured steps the faster mode runs, once chosen, before the other is probed again."""
+MAX_EXPLOIT_STEPS = 128
+"""The longest exploit window: each win of the incumbent doubles its window up to this."""
+SWITCH_MARGIN = 0.05
+"""A challenger must be this much faster (seconds per token) to take over from the incumbent."""
+
+
+class Mode(enum.Enum):
+    """What the scheduler's grouping does: the bottleneck rule (``AHEAD``) or one group of every
+    request (``BATCH``)."""
+
+    AHEAD = "ahead"
+    BATCH = "batch"
+
+    @property
+    def other(self) -> Mode:
+        return Mode.BATCH if self is Mode.AHEAD else Mode.AHEAD
+
+
+class ModeChooser:
+    """Chooses the scheduler's mode from measured seconds per token (see the module docstring).
+
+    ``seconds_per_token`` holds each mode's latest measurement per number of active requests;
+    ``switches`` counts changes of mode; ``log`` keeps each finished window as (mode, requests,
+    seconds per token, the mode chosen next).
+    """
+
+    def __init__(
+        self,
+        probe_steps: int | None = None,
+        first_exploit_steps: int | None = None,
+        max_exploit_steps: int | None = None,
+        margin: float | None = None,
+    ) -> None:
+        self.probe_steps = PROBE_STEPS if probe_steps is None else probe_steps
+        self.first_exploit_steps = FIRST_EXPLOIT_STEPS if first_exploit_steps is None else first_exploit_steps
+        self.max_exploit_steps = MAX_EXPLOIT_STEPS if max_exploit_steps is None else max_exploit_steps
+        self.margin = SWITCH_MARGIN if margin is None else margin
+        if self.probe_steps < 1 or self.first_exploit_steps < 1:
+            raise ValueError("probe and exploit windows need one measured step at least")
+        if self.max_exploit_steps < self.first_exploit_steps or not 0 <= self.margin < 1:
+            raise ValueError("need max_exploit_steps >= first_exploit_steps and 0 <= margin < 1")
+        self.mode = Mode.AHEAD
+        self.exploiting = False  # False: the current window is a probe
+        self.incumbent: Mode | None = None  # the mode chosen to exploit, once both were measured
+        self.exploit_steps = self.first_exploit_steps
+        self.seconds_per_token: dict[tuple[Mode, int], float] = {}
+        self.switches = 0
+        self.log: list[tuple[Mode, int, float, Mode]] = []
+        self._requests = 0  # active requests in the current window
+        self._tokens = 0  # tokens since the last step boundary
+        self._settling = True  # the window's first step is not measured
+        self._steps_left = self.probe_steps  # measured steps left in the window
+        self._start = 0.0  # when measuring began
+        self._measured = 0  # measured steps so far
+
+    def token(self, now: float, requests: int, prompt: bool = False) -> Mode:
+        """A token was generated at ``now`` with ``requests`` active; ``prompt``: a prompt pass was
+        computed since the previous token. Returns the mode to run in from here."""
+        if requests != self._requests or prompt:
+            self._requests = requests
+            self._restart(now, settle=True)
+            return self.mode
+        self._tokens += 1
+        if self._tokens < requests:
+            return self.mode
+        self._tokens = 0  # a step boundary
+        if self._settling:
+            self._settling, self._start, self._measured = False, now, 0
+            return self.mode
+        self._measured += 1
+        self._steps_left -= 1
+        if self._steps_left <= 0:
+            self._window_done(now, (now - self._start) / (self._measured * requests))
+        return self.mode
+
+    def _restart(self, now: float, *, settle: bool) -> None:
+        """Start the current window again: at the next step boundary if ``settle``, else now."""
+        self._tokens = 0
+        self._steps_left = self.exploit_steps if self.exploiting else self.probe_steps
+        self._settling, self._start, self._measured = settle, now, 0
+
+    def _window_done(self, now: float, seconds: float) -> None:
+        mode, requests = self.mode, self._requests
+        self.seconds_per_token[mode, requests] = seconds
+        other = self.seconds_per_token.get((mode.other, requests))
+        if other is None or self.exploiting:
+            chosen, exploit = mode.other, False  # measure the other mode (again)
+        else:
+            need = 1.0 if self.incumbent in (None, mode) else 1.0 - self.margin
+            chosen, exploit = (mode if seconds < other * need else mode.other), True
+            if chosen is self.incumbent:
+                self.exploit_steps = min(2 * self.exploit_steps, self.max_exploit_steps)
+            else:
+                self.incumbent, self.exploit_steps = chosen, self.first_exploit_steps
+        self.log.append((mode, requests, seconds, chosen))
+        changed = chosen is not mode
+        self.switches += changed
+        self.mode, self.exploiting = chosen, exploit
+        self._restart(now, settle=changed)  # staying in the same mode needs no settling step
