@@ -40,6 +40,7 @@ from runahead.loops import loop_factory
 from runahead.mailbox import Mailbox
 from runahead.messages import Ready
 from runahead.metrics import Recorder, total, union
+from runahead.mode import Mode
 from runahead.policy import parse_policy
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping, StepBarrier
 from runahead.specs import load_model_spec, load_profile
@@ -426,7 +427,41 @@ def test_without_a_cost_model_the_compute_share_is_the_last_steps() -> None:
         recorder.compute_seconds += 1.0 if step == 0 else 2.0
         recorder.link_seconds += 10.0 if step == 0 else 1.0
         recorder.token_count += 2
-        shares.append(scheduler._recent_share())
+        shares.append(scheduler._recent_share(recorder.compute_seconds, recorder.link_seconds))
     assert shares[0] == pytest.approx(0.1)
     assert shares[-1] == pytest.approx(2.0)  # the last SHARE_WINDOW_STEPS steps
     assert recorder.compute_seconds / recorder.link_seconds < HOLD_MIN_COMPUTE_SHARE  # since the start
+
+
+async def test_steps_batched_by_adaptive_grouping_are_left_out_of_what_the_rule_measures() -> None:
+    """While batching the compute is small beside the link: counted, it would keep the rule from
+    holding for several steps after a switch back to running ahead, and the read time it prices
+    would be batching's."""
+    recorder = Recorder()
+    scheduler = measuring_scheduler(recorder)
+    scheduler.requests = {0: RequestSpec(0, 8), 1: RequestSpec(1, 8)}
+    scheduler._fit.observe_group(spread_jobs(1, 1), 0.006)
+    scheduler._fit.observe_group(spread_jobs(2, 3), 0.018)
+    scheduler.blocked[1] = job(1, 3, (4,))
+
+    def step(compute: float, link: float, reads: int) -> Outlook | None:
+        recorder.compute_seconds += compute
+        recorder.link_seconds += link
+        recorder.reads += reads
+        recorder.token_count += 2
+        return scheduler._outlook()
+
+    for _ in range(6):
+        step(2.0, 1.0, 10)  # running ahead: compute-bound, 0.1 s of link a read
+    scheduler._set_mode(Mode.BATCH)
+    for _ in range(6):
+        recorder.compute_seconds += 0.2  # batching: link-bound, 0.5 s a read (not asked: no rule)
+        recorder.link_seconds += 1.0
+        recorder.reads += 2
+        recorder.token_count += 2
+    scheduler._set_mode(Mode.AHEAD)
+    assert scheduler.queue.grouping == Grouping(bottleneck=True) and recorder.mode_switches == 2
+    view = step(2.0, 1.0, 10)
+    assert view is not None
+    assert view.compute_share == pytest.approx(2.0)
+    assert view.fetch_s == pytest.approx(0.1)

@@ -107,6 +107,7 @@ class ComputeScheduler:
         if queue.grouping.adaptive and self._model is None:
             self._chooser = ModeChooser()
         self._prompt_computed = False  # a prompt pass ran since the chooser's last token
+        self._batched = [0.0, 0.0, 0.0]  # compute and link seconds and reads while batching
         self._pricer: GroupPricer | None = None  # a CostModel's prices, job by job
         if isinstance(self._model, CostModel):
             self._pricer = partial(GroupCost, self._model, self._context)
@@ -166,11 +167,12 @@ class ComputeScheduler:
             fetch_s = float(self._model.fetch_transfer_time())
             link_s = fetch_s * recorder.reads
             share = recorder.compute_seconds / link_s if link_s else 1.0
-        elif recorder.reads and self._fit.middle.observed >= 2:
+        elif recorder.reads > self._batched[2] and self._fit.middle.observed >= 2:
             # the link's time per read: its busy time, not the reads' own (reads in flight together
             # each take longer than the link spends on one; summed, they double count the link)
-            fetch_s = recorder.link_seconds / recorder.reads
-            share = self._recent_share()
+            compute, link, reads = self._ahead_totals()
+            fetch_s = link / reads
+            share = self._recent_share(compute, link)
         else:
             return None  # nothing measured yet: group as the paper does
         if not may_hold(share):
@@ -187,18 +189,29 @@ class ComputeScheduler:
             self._pricer,
         )
 
-    def _recent_share(self) -> float:
+    def _recent_share(self, compute: float, link: float) -> float:
         """Compute busy time over link busy time in about the last :data:`SHARE_WINDOW_STEPS` decode
-        steps (measured: a real run starts with a cold cache, link-bound, and a share since the
-        start would keep the rule off long after the cache warmed)."""
+        steps run ahead (measured: a real run starts with a cold cache, link-bound, and a share since
+        the start would keep the rule off long after the cache warmed); ``compute`` and ``link`` are
+        the busy times so far, batching's left out (:meth:`_ahead_totals`)."""
         recorder = self.recorder
         window = self._share_window
         if recorder.token_count >= self._next_share_mark:
-            window.append((recorder.compute_seconds, recorder.link_seconds))
+            window.append((compute, link))
             self._next_share_mark = recorder.token_count + max(1, len(self.requests))
         compute_0, link_0 = window[0]
-        link = recorder.link_seconds - link_0
-        return (recorder.compute_seconds - compute_0) / link if link > 0 else 1.0
+        return (compute - compute_0) / (link - link_0) if link > link_0 else 1.0
+
+    def _ahead_totals(self) -> tuple[float, float, int]:
+        """Compute and link busy seconds and reads so far, without those of steps batched by adaptive
+        grouping: what the rule measures is running ahead (a share measured while batching, its
+        compute small, would keep the rule from holding for steps after a switch back)."""
+        recorder, batched = self.recorder, self._batched
+        return (
+            recorder.compute_seconds - batched[0],
+            recorder.link_seconds - batched[1],
+            recorder.reads - int(batched[2]),
+        )
 
     def _group_s(self, jobs: Sequence[Job]) -> float:
         """Compute seconds of one group of ``jobs``: the cost model's, else the measured fit."""
@@ -360,9 +373,17 @@ class ComputeScheduler:
         mode = self._chooser.token(now, len(self.requests), self._prompt_computed)
         self._prompt_computed = False
         if (mode is Mode.AHEAD) != self._bottleneck:
-            self._bottleneck = mode is Mode.AHEAD
-            self.queue.grouping = self._ahead if self._bottleneck else BATCHING
-            self.recorder.mode_switches += 1
+            self._set_mode(mode)
+
+    def _set_mode(self, mode: Mode) -> None:
+        """Run ahead (the configured grouping) or batch (one group of every request) from now on."""
+        self._bottleneck = mode is Mode.AHEAD
+        self.queue.grouping = self._ahead if self._bottleneck else BATCHING
+        recorder, batched, sign = self.recorder, self._batched, 1.0 if self._bottleneck else -1.0
+        batched[0] += sign * recorder.compute_seconds  # batching's totals: its end minus its start
+        batched[1] += sign * recorder.link_seconds
+        batched[2] += sign * recorder.reads
+        recorder.mode_switches += 1
 
     def _group_failed(self, group: Group, error: Exception) -> None:
         """A group's compute raised: fail its requests alone, or stop if computes keep failing."""
