@@ -16,23 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from runahead.backends.sim import SimBackend
 from runahead.bench_requests import WORKLOADS, request_specs
 from runahead.clock import run_virtual
 from runahead.costs import CostModel
 from runahead.jobs import ExpertId, ExpertKey, RequestSpec, expert_ids, expert_key
-from runahead.metrics import (
-    Recorder,
-    RunMetrics,
-    clip,
-    host_cpu,
-    intersection_total,
-    summarize,
-    total,
-    union,
-)
+from runahead.metrics import host_cpu, summarize, summarize_window
+from runahead.overhead import overhead_row
 from runahead.policy import check_concurrency
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.specs import ModelSpec, load_model_spec, load_profile
@@ -232,44 +222,6 @@ def check_trace(trace: RoutingTrace, point: BenchPoint) -> None:
         )
 
 
-def overhead_row(cpu: float, jobs: int, groups: int, reads: int) -> dict[str, float]:
-    """The run's CPU time per job, per group and per expert read (each the whole CPU time divided).
-
-    Under ``zero_cost`` that CPU time is the runtime's own (plus the sim's bookkeeping);
-    :func:`fit_overhead` splits it into a cost per job, per group and per read across rows.
-    """
-    return {
-        "overhead_us_per_job": cpu / jobs * 1e6 if jobs else float("nan"),
-        "overhead_us_per_group": cpu / groups * 1e6 if groups else float("nan"),
-        "overhead_us_per_read": cpu / reads * 1e6 if reads else float("nan"),
-    }
-
-
-def fit_overhead(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """Least squares ``cpu = a * jobs + b * groups + c * reads`` over rows of one run; None if too few.
-
-    Rows with different group sizes (policies) and read rates (cache fractions) separate the three
-    costs: ``a`` is what a job costs wherever it goes, ``b`` a group's extra (a backend call, the
-    scheduler's choice and its round trip to the issuer), ``c`` an expert read's (a link worker's
-    wake-ups, the fetch queue, eviction, the notice to the issuer and the job's release).
-    """
-    usable = [r for r in rows if r.get("cpu_s") is not None and r.get("jobs")]
-    if len(usable) < 3:
-        return None
-    design = np.array([[r["jobs"], r["groups_run"], r["reads"]] for r in usable], dtype=float)
-    cpu = np.array([r["cpu_s"] for r in usable])
-    if np.linalg.matrix_rank(design) < 3:
-        return None
-    (job, group, read), *_ = np.linalg.lstsq(design, cpu, rcond=None)
-    predicted = design @ np.array([job, group, read])
-    return {
-        "us_per_job": job * 1e6,
-        "us_per_group": group * 1e6,
-        "us_per_read": read * 1e6,
-        "max_error": float(np.max(np.abs(predicted - cpu) / cpu)),
-    }
-
-
 async def closed_loop(runtime: Runtime, specs: Sequence[RequestSpec], concurrency: int) -> float | None:
     """Run ``specs`` keeping ``concurrency`` of them active; return when concurrency first dropped.
 
@@ -300,60 +252,6 @@ async def closed_loop(runtime: Runtime, specs: Sequence[RequestSpec], concurrenc
                 elif drained is None and not started_all:
                     drained = runtime.clock.now()
     return drained
-
-
-def summarize_window(
-    recorder: Recorder, stats: Any, start: float, end: float, concurrency: int
-) -> RunMetrics:
-    """:func:`runahead.metrics.summarize` over the window ``(start, end]`` of a run.
-
-    Tokens, busy times, reads and groups are those inside the window; a "step" is ``concurrency``
-    tokens. Hits, misses and prefetch counts stay whole-run totals (the cache counts them).
-    """
-    if not end > start:
-        raise ValueError(f"empty measurement window ({start}, {end}]")
-    tokens = sum(1 for _, _, t in recorder.tokens if start < t <= end)
-    if not tokens:
-        raise ValueError("no tokens inside the measurement window")
-    makespan = end - start
-    steps = tokens / concurrency
-    compute = clip(union([(c.start, c.end) for c in recorder.computes]), start, end)
-    link = clip(union([(f.start, f.end) for f in recorder.fetches]), start, end)
-    fetches = sum(1 for f in recorder.fetches if start <= f.start < end)
-    compute_busy, link_busy = total(compute), total(link)
-    both = intersection_total(compute, link)
-    groups = [c for c in recorder.computes if start <= c.start < end]
-    sizes: dict[int, int] = {}
-    for group in groups:
-        sizes[group.size] = sizes.get(group.size, 0) + 1
-    lower_bound = max(compute_busy, link_busy) / steps
-    step_time = makespan / steps
-    return RunMetrics(
-        tokens=tokens,
-        steps=steps,
-        makespan_s=makespan,
-        tokens_per_s=tokens / makespan,
-        step_time_s=step_time,
-        compute_s=compute_busy / steps,
-        fetch_s=link_busy / steps,
-        lower_bound_s=lower_bound,
-        bound_ratio=step_time / lower_bound if lower_bound > 0 else float("nan"),
-        overlap_fraction=both / makespan,
-        compute_wait_fraction=(makespan - compute_busy) / makespan,
-        link_only_fraction=(link_busy - both) / makespan,
-        compute_only_fraction=(compute_busy - both) / makespan,
-        idle_fraction=(makespan - compute_busy - link_busy + both) / makespan,
-        hits=stats.hits,
-        misses=stats.misses,
-        fetches=fetches,
-        fetches_per_step=fetches / steps,
-        prefetches=stats.prefetches,
-        wasted_prefetches=stats.wasted_prefetches,
-        evictions=stats.evictions,
-        groups=len(groups),
-        mean_group_size=sum(g.size for g in groups) / max(1, len(groups)),
-        group_sizes=dict(sorted(sizes.items())),
-    )
 
 
 def sweep(
@@ -467,29 +365,6 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             f"{row['lower_bound_s'] * 1e3:>8.2f} {row['bound_ratio']:>6.3f} {row['overlap_fraction']:>7.2f} "
             f"{row['fetches_per_step']:>8.1f} {row['wasted_prefetches']:>6} {row['mean_group_size']:>5.2f} "
             f"{row['overhead_us_per_job']:>6.1f}"
-        )
-    return "\n".join(lines)
-
-
-def format_overhead(rows: Sequence[dict[str, Any]]) -> str:
-    """The runtime's CPU time per job, group and read of each row, and their split across rows."""
-    lines = [
-        "",
-        f"CPU time on {host_cpu()}:",
-        f"{'policy':<28} {'conc':>4} {'cache':>5} {'jobs':>7} {'groups':>6} {'reads':>6} "
-        f"{'us/job':>7} {'us/group':>8} {'us/read':>7}",
-    ]
-    for row in rows:
-        lines.append(
-            f"{row['policy']:<28} {row['concurrency']:>4} {row['cache_fraction']:>5.2f} {row['jobs']:>7} "
-            f"{row['groups_run']:>6} {row['reads']:>6} {row['overhead_us_per_job']:>7.1f} "
-            f"{row['overhead_us_per_group']:>8.1f} {row['overhead_us_per_read']:>7.1f}"
-        )
-    fit = fit_overhead(rows)
-    if fit is not None:
-        lines.append(
-            f"least squares over these rows: {fit['us_per_job']:.1f} us per job + {fit['us_per_group']:.1f} "
-            f"us per group + {fit['us_per_read']:.1f} us per read (worst row off by {fit['max_error']:.0%})"
         )
     return "\n".join(lines)
 

@@ -169,8 +169,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from runahead.bench import format_overhead, format_table, run_sweep, sweep
+    from runahead.bench import format_table, run_sweep, sweep
     from runahead.bench_requests import check_workload_file
+    from runahead.overhead import format_overhead
     from runahead.progress import progress_bar
     from runahead.trace import RoutingTrace
 

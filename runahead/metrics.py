@@ -248,3 +248,57 @@ def summarize(recorder: Recorder, stats: CacheStats, steps: float, *, skip_steps
         mean_group_size=sum(c.size for c in recorder.computes) / max(1, len(recorder.computes)),
         group_sizes=dict(sorted(sizes.items())),
     )
+
+
+def summarize_window(
+    recorder: Recorder, stats: Any, start: float, end: float, concurrency: int
+) -> RunMetrics:
+    """:func:`runahead.metrics.summarize` over the window ``(start, end]`` of a run.
+
+    Tokens, busy times, reads and groups are those inside the window; a "step" is ``concurrency``
+    tokens. Hits, misses and prefetch counts stay whole-run totals (the cache counts them).
+    """
+    if not end > start:
+        raise ValueError(f"empty measurement window ({start}, {end}]")
+    tokens = sum(1 for _, _, t in recorder.tokens if start < t <= end)
+    if not tokens:
+        raise ValueError("no tokens inside the measurement window")
+    makespan = end - start
+    steps = tokens / concurrency
+    compute = clip(union([(c.start, c.end) for c in recorder.computes]), start, end)
+    link = clip(union([(f.start, f.end) for f in recorder.fetches]), start, end)
+    fetches = sum(1 for f in recorder.fetches if start <= f.start < end)
+    compute_busy, link_busy = total(compute), total(link)
+    both = intersection_total(compute, link)
+    groups = [c for c in recorder.computes if start <= c.start < end]
+    sizes: dict[int, int] = {}
+    for group in groups:
+        sizes[group.size] = sizes.get(group.size, 0) + 1
+    lower_bound = max(compute_busy, link_busy) / steps
+    step_time = makespan / steps
+    return RunMetrics(
+        tokens=tokens,
+        steps=steps,
+        makespan_s=makespan,
+        tokens_per_s=tokens / makespan,
+        step_time_s=step_time,
+        compute_s=compute_busy / steps,
+        fetch_s=link_busy / steps,
+        lower_bound_s=lower_bound,
+        bound_ratio=step_time / lower_bound if lower_bound > 0 else float("nan"),
+        overlap_fraction=both / makespan,
+        compute_wait_fraction=(makespan - compute_busy) / makespan,
+        link_only_fraction=(link_busy - both) / makespan,
+        compute_only_fraction=(compute_busy - both) / makespan,
+        idle_fraction=(makespan - compute_busy - link_busy + both) / makespan,
+        hits=stats.hits,
+        misses=stats.misses,
+        fetches=fetches,
+        fetches_per_step=fetches / steps,
+        prefetches=stats.prefetches,
+        wasted_prefetches=stats.wasted_prefetches,
+        evictions=stats.evictions,
+        groups=len(groups),
+        mean_group_size=sum(g.size for g in groups) / max(1, len(groups)),
+        group_sizes=dict(sorted(sizes.items())),
+    )

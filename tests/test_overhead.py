@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from runahead.bench import BenchPoint, fit_overhead, run_point
+from runahead.bench import BenchPoint, run_point
 from runahead.clock import TICKS_PER_S, VirtualTimeLoop, _VirtualSelector, run_virtual
+from runahead.overhead import fit_overhead
 
 
 def _burn(seconds: float) -> None:
