@@ -15,7 +15,7 @@ answers with the mode to run in. It works in *steps* (one token per active reque
 of steps:
 
 - **probe**: run a mode for :data:`PROBE_STEPS` measured steps, after one settling step when the
-  mode changed (jobs of the other mode still in flight, a cache shaped by it);
+  mode changed with jobs of the other mode still in flight (none are under the step barrier);
 - once both modes are measured, **exploit** the faster for :data:`FIRST_EXPLOIT_STEPS` steps, then
   probe the other again. A challenger takes over only if faster by :data:`SWITCH_MARGIN`; each time
   the incumbent wins again its exploit window doubles, up to :data:`MAX_EXPLOIT_STEPS`, so a run
@@ -56,7 +56,10 @@ class Mode(enum.Enum):
 class ModeChooser:
     """Chooses the scheduler's mode from measured seconds per token (see the module docstring).
 
-    ``seconds_per_token`` holds each mode's latest measurement per number of active requests;
+    ``settle_switches``: a switch of mode is followed by a settling step, not measured; off where a
+    step boundary leaves nothing of the last step in flight (the step barrier), so a probe there is
+    its measured steps alone. A window restarted by a change of requests or a prompt pass settles
+    either way. ``seconds_per_token`` holds each mode's latest measurement per number of active requests;
     ``switches`` counts changes of mode; ``log`` keeps each finished window as (mode, requests,
     seconds per token, the mode chosen next).
     """
@@ -67,11 +70,14 @@ class ModeChooser:
         first_exploit_steps: int | None = None,
         max_exploit_steps: int | None = None,
         margin: float | None = None,
+        *,
+        settle_switches: bool = True,
     ) -> None:
         self.probe_steps = PROBE_STEPS if probe_steps is None else probe_steps
         self.first_exploit_steps = FIRST_EXPLOIT_STEPS if first_exploit_steps is None else first_exploit_steps
         self.max_exploit_steps = MAX_EXPLOIT_STEPS if max_exploit_steps is None else max_exploit_steps
         self.margin = SWITCH_MARGIN if margin is None else margin
+        self.settle_switches = settle_switches
         if self.probe_steps < 1 or self.first_exploit_steps < 1:
             raise ValueError("probe and exploit windows need one measured step at least")
         if self.max_exploit_steps < self.first_exploit_steps or not 0 <= self.margin < 1:
@@ -133,4 +139,6 @@ class ModeChooser:
         changed = chosen is not mode
         self.switches += changed
         self.mode, self.exploiting = chosen, exploit
-        self._restart(now, settle=changed)  # staying in the same mode needs no settling step
+        # staying in the same mode needs no settling step, nor a switch where a step boundary
+        # leaves nothing in flight (the step barrier)
+        self._restart(now, settle=changed and self.settle_switches)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -100,3 +101,16 @@ def test_a_prompt_pass_restarts_the_window() -> None:
 def test_bad_settings_are_refused(settings: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         ModeChooser(**settings)  # type: ignore[arg-type]
+
+
+def test_under_the_step_barrier_a_switch_needs_no_settling_step() -> None:
+    """Each probe of the loser is its measured steps alone: one step fewer each time."""
+    lengths = {}
+    for settle in (True, False):
+        chooser = ModeChooser(probe_steps=2, first_exploit_steps=8, settle_switches=settle)
+        run = Run(chooser)
+        run.steps_of(41, costs(0.010, 0.008))
+        lengths[settle] = [(mode, len(list(steps))) for mode, steps in itertools.groupby(run.steps)]
+    # (the harness counts a step from its first token, the chooser's steps end there: one apart)
+    assert lengths[True][:4] == [(AHEAD, 4), (BATCH, 11), (AHEAD, 3), (BATCH, 17)]
+    assert lengths[False][:4] == [(AHEAD, 4), (BATCH, 10), (AHEAD, 2), (BATCH, 16)]

@@ -105,7 +105,7 @@ class ComputeScheduler:
         self._model = getattr(backend, "costs", None)  # the sim's cost model, if any
         self._chooser: ModeChooser | None = None  # measures ahead against batching (real backends)
         if queue.grouping.adaptive and self._model is None:
-            self._chooser = ModeChooser()
+            self._chooser = ModeChooser(settle_switches=not barrier.enabled)
         self._prompt_computed = False  # a prompt pass ran since the chooser's last token
         self._batched = [0.0, 0.0, 0.0]  # compute and link seconds and reads while batching
         self._pricer: GroupPricer | None = None  # a CostModel's prices, job by job
