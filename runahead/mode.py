@@ -7,7 +7,7 @@ Where the overlap hides less than the small groups cost, one group of every requ
 backend one cost it cannot see decides it: the reads and the compute share the machine. On two CPU
 cores with experts on disk, runahead's reads took 1.7x longer a step than sync's for the same bytes
 and its compute 3.3x (docs/results-torch.md, "The demo's point on an AVX2 EPYC"). A measurement sees
-both.
+both (what it found: docs/results-torch.md, "Adaptive grouping").
 
 :class:`ModeChooser` measures. It is pure (no clock, no I/O): the scheduler tells it when each token
 was generated, how many requests were active and whether a prompt pass ran since the last token; it
