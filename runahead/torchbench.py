@@ -18,7 +18,7 @@ from typing import Any
 
 from runahead import loops
 from runahead.backend import READS_IN_FLIGHT
-from runahead.backends.common import handoff_seconds
+from runahead.backends.common import compute_cpu_share, handoff_seconds
 from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import host_cpu, summarize
 from runahead.models.layout import EXPERT_SLOTS
@@ -179,6 +179,9 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "loop_cpu_s": loop_cpu,
         "loop_us_per_job": loop_cpu / jobs * 1e6,
         **_handoffs(recorder.compute_seconds, recorder.groups, backend),
+        # the compute thread's own CPU over its time inside groups (below 1: it waited for a core or the GIL)
+        "compute_cpu_share": compute_cpu_share(backend),
+        "cores_busy": cpu / wall if wall > 0 else None,  # the process's CPU over the run's wall time
         "jobs": jobs,
         "holds": recorder.holds,  # times bottleneck grouping held a ready group back
         # adaptive grouping (runahead.mode): share of the run's tokens, warm-up included, made batching
@@ -195,16 +198,19 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
 
 def format_handoffs(rows: Sequence[dict[str, Any]]) -> str:
     """Each row's event loop CPU time per job (the runtime's own work, on a real backend), and its
-    hand-offs to the compute thread, per group and as a share of the runtime's compute time (rows
-    of an earlier version without them are left out)."""
+    hand-offs to the compute thread, per group and as a share of the runtime's compute time; then
+    how much of its time inside groups the compute thread ran, and how many cores the process kept
+    busy (rows of an earlier version without these are left out)."""
     lines = ["", "the event loop: its CPU a job; its hand-offs to the compute thread (which waits then):"]
     for row in rows:
         handoff, share = row.get("handoff_us_per_group"), row.get("handoff_share")
         if handoff is not None and share is not None and "loop_us_per_job" in row:
+            ran, cores = row.get("compute_cpu_share"), row.get("cores_busy")
+            cpu = "" if ran is None or cores is None else f"; thread ran {ran:.0%}, {cores:.2f} cores busy"
             lines.append(
                 f"{row['policy']:<28} {row['concurrency']:>4} {row['cache_fraction']:>5.2f} "
                 f"{row['loop_us_per_job']:>6.0f} us of loop CPU a job; hand-offs {handoff:>4.0f} us a group, "
-                f"{share:>4.0%} of compute"
+                f"{share:>4.0%} of compute{cpu}"
             )
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runahead.backends.common import RequestLifecycle, handoff_seconds
+from runahead.backends.common import RequestLifecycle, compute_cpu_share, handoff_seconds
 from runahead.jobs import Group, Job, JobResult
 
 
@@ -74,6 +74,38 @@ def test_a_failing_group_still_counts_its_time() -> None:
         backend._compute_thread.shutdown()
 
 
+class _Spinner(_Sleeper):
+    """A compute thread that works (in Python) for ``seconds`` a group instead of sleeping."""
+
+    def _compute(self, group: Group) -> list[JobResult]:
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+        return [JobResult(job) for job in group.jobs]
+
+
+def test_the_compute_threads_cpu_share_tells_working_from_waiting() -> None:
+    """A group that sleeps (the thread waiting, as for a core or the GIL) has a share near 0; one that
+    works has most of its time on a core."""
+    shares = []
+    for kind in (_Sleeper, _Spinner):
+        backend = kind(0.03)
+        try:
+            assert compute_cpu_share(backend) is None  # no group yet
+            for _ in range(3):
+                asyncio.run(backend.compute(_group()))
+            assert backend.thread_cpu_seconds <= backend.thread_seconds + 0.005  # two clocks: a tick apart
+            share = compute_cpu_share(backend)
+            assert share is not None
+            shares.append(share)
+        finally:
+            backend._compute_thread.shutdown()
+    sleeping, working = shares
+    assert sleeping < 0.2
+    assert working > max(0.3, 2 * sleeping)
+
+
 def test_no_handoff_without_a_compute_thread_or_before_any_group() -> None:
     assert handoff_seconds(1.0, 4, object()) is None  # the sim: no thread
+    assert compute_cpu_share(object()) is None
     assert handoff_seconds(0.0, 0, _Sleeper(0.0)) is None

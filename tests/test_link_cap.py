@@ -102,6 +102,8 @@ def test_a_capped_bench_point_computes_the_same_tokens_and_every_read_takes_the_
         assert row["handoff_us_per_group"] > 0 and 0 < row["handoff_share"] < 1
         # the event loop's own CPU: some, less than the whole process's (compute and reads included)
         assert 0 < row["loop_us_per_job"] < row["overhead_us_per_job"]
+        # the compute thread ran for some of its time inside groups; the process kept a core or more busy
+        assert 0 < row["compute_cpu_share"] <= 1 and row["cores_busy"] > 0
 
 
 def test_a_bench_point_refuses_a_link_cap_that_is_not_a_positive_number() -> None:

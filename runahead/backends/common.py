@@ -57,6 +57,10 @@ class RequestLifecycle(Generic[State]):
         """Time the compute thread spent inside ``_compute``, every group of the backend's life summed.
         The runtime's compute time of a group (from the event loop's hand-off to its resuming with
         the results) is longer by the two thread hand-offs: :func:`handoff_seconds`."""
+        self.thread_cpu_seconds = 0.0
+        """CPU time of the compute thread itself inside ``_compute`` (``time.thread_time``), summed as
+        :attr:`thread_seconds` is. Below it when the thread waited inside a group: for a core, for the
+        GIL, or for helper threads of its own (whose CPU is not counted here): :func:`compute_cpu_share`."""
 
     @property
     def vocab_size(self) -> int:
@@ -102,11 +106,12 @@ class RequestLifecycle(Generic[State]):
 
     def _timed_compute(self, group: Group) -> list[JobResult]:
         """``_compute`` on the compute thread, its time added to :attr:`thread_seconds`."""
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._compute(group)
         finally:
             self.thread_seconds += time.perf_counter() - start
+            self.thread_cpu_seconds += time.thread_time() - cpu
 
 
 def handoff_seconds(compute_seconds: float, groups: int, backend: object) -> float | None:
@@ -119,6 +124,21 @@ def handoff_seconds(compute_seconds: float, groups: int, backend: object) -> flo
     if thread_seconds is None or not groups:
         return None
     return (compute_seconds - float(thread_seconds)) / groups
+
+
+def compute_cpu_share(backend: object) -> float | None:
+    """The share of a real backend's compute-thread time inside groups that the thread ran on a core:
+    its :attr:`~RequestLifecycle.thread_cpu_seconds` over its :attr:`~RequestLifecycle.thread_seconds`.
+
+    With one compute thread, what is missing from 1 is time the thread was ready but not running: it
+    waited for a core (reads' copies and the event loop on the same cores) or for the GIL (each
+    torch call lets go of it). Work on other threads (torch's intra-op threads, the CPU kernel's
+    helpers) is not counted, so with several threads the share is lower for that reason too. None
+    for a backend without a compute thread (the sim) or before any group."""
+    wall, cpu = getattr(backend, "thread_seconds", None), getattr(backend, "thread_cpu_seconds", None)
+    if wall is None or cpu is None or wall <= 0:
+        return None
+    return min(1.0, float(cpu) / float(wall))
 
 
 def admit(request: RequestSpec, vocab_size: int, backend: str) -> SamplingParams:
