@@ -171,6 +171,17 @@ def run_demo(args: argparse.Namespace) -> int:
         + ", ".join(f"{share:.0%}" for share in batched)
         + " of its tokens (where that measured faster than running ahead; docs/results-torch.md)"
     )
+    ran = {
+        policy: [r["compute_cpu_share"] for r in rows if r["policy"] == policy and r.get("compute_cpu_share")]
+        for policy in ("sync", "runahead")
+    }
+    if all(ran.values()):
+        print(
+            f"the compute thread ran {statistics.median(ran['runahead']):.0%} of its time inside groups "
+            f"under runahead, {statistics.median(ran['sync']):.0%} under sync (medians); the rest it waited, "
+            "mostly for a core: on a CPU, reads that overlap the compute take cores from it "
+            "(docs/results-torch.md)"
+        )
     return 0 if same else 1
 
 
