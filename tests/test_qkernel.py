@@ -19,9 +19,9 @@ from gguf import GGMLQuantizationType, quants
 from ggufhelpers import build_tiny_gguf
 
 from runahead.models import qkernel
-from runahead.models.base import ExpertRows
 from runahead.models.loader import load_model
 from runahead.models.quant import dequantize
+from runahead.models.routing import ExpertRows
 
 from modelhelpers import random_moe_inputs
 

@@ -129,9 +129,11 @@ def test_the_speculative_gate_runs_only_for_policies_that_prefetch_by_it(model) 
     calls: dict[str, list[int]] = {}
     original = MoEModel.route
 
-    def counted(self: MoEModel, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def counted(
+        self: MoEModel, layer: int, hidden: torch.Tensor, normed: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         calls[policy].append(layer)
-        return original(self, layer, hidden)
+        return original(self, layer, hidden, normed)
 
     for policy in ("sync", "prefetch-gate"):
         calls[policy] = []

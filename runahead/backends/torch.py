@@ -44,7 +44,7 @@ from runahead.backends.threads import threads_for
 from runahead.backends.torch_load import load_for_open
 from runahead.backends.waves import sums_with_waves
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
-from runahead.models.base import ExpertRows
+from runahead.models.routing import ExpertRows
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 from runahead.store.base import check_link_bandwidth
 
@@ -57,6 +57,7 @@ class _RequestState:
     position: int = 0  # tokens already in the KV cache
     last_token: int | None = None
     hidden: torch.Tensor | None = None  # [tokens, H] residual stream between jobs
+    normed: torch.Tensor | None = None  # [tokens, H] what the next MoE's experts read (model.expert_input)
     ids: torch.Tensor | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: torch.Tensor | None = None  # [tokens, k] their routing weights
     partials: torch.Tensor | None = None  # [tokens, k, H] a waved job's products so far (backends.waves)
@@ -254,27 +255,25 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         (:mod:`runahead.backends.waves`), so its result does not depend on how it was split.
         """
         carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
-        hidden = torch.cat([c[0] for c in carried])
-        weights = torch.cat([c[2] for c in carried])
-        ids = torch.cat([c[1] for c in carried])  # not read: the rows come from the host copy
+        hidden, ids, weights, normed = (_joined([c[i] for c in carried]) for i in range(4))  # ids: not read
         wanted = {e for job in jobs for e in job.experts}
         experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
         routing = self._routing(jobs, states, wanted)
         rows = row_spans(jobs)
         waved = [(i, states[i], not job.remaining) for i, job in enumerate(jobs) if job.wave or job.remaining]
         if not waved:
-            accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, None, routing)
+            accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, None, routing, normed)
         else:
-            y = self.model.moe_products(layer, hidden, weights, experts, routing)
+            y = self.model.moe_products(layer, hidden, weights, experts, routing, normed)
             accumulated = sums_with_waves(y, routing, rows, hidden, weights.shape[-1], waved)
         final = [i for i, job in enumerate(jobs) if not job.remaining]
         if not final:
             return hidden[:0], final
         if len(final) < len(jobs):
             keep = torch.cat([torch.arange(*rows[i], device=hidden.device) for i in final])
-            hidden, accumulated = hidden[keep], accumulated[keep]
+            hidden, accumulated, normed = hidden[keep], accumulated[keep], normed[keep]
         # One call for every finished row: the shared expert's weights are read once per group.
-        return self.model.moe_finish(layer, hidden, accumulated), final
+        return self.model.moe_finish(layer, hidden, accumulated, normed), final
 
     def _routing(self, jobs: Sequence[Job], states: list[_RequestState], wanted: set[int]) -> ExpertRows:
         """The group's (row, k) pairs of this wave, sorted by expert, from the host copy of the
@@ -301,9 +300,11 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         following = layer + 1
         segments = [(state.cache, state.position, job.num_tokens) for job, state in kept]
         hidden = model.attention(following, hidden, segments)
-        ids, weights = model.route(following, hidden)
+        normed = model.expert_input(following, hidden)  # once a job: the router may read it too
+        ids, weights = model.route(following, hidden, normed if model.post_norm_feeds_all else None)
         for (_, state), (start, stop) in zip(kept, spans, strict=True):
-            state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
+            state.hidden, state.normed = hidden[start:stop], normed[start:stop]
+            state.ids, state.weights = ids[start:stop], weights[start:stop]
         host_ids = readback.add(ids)
         host_guess = None
         if self.speculate and following + 1 < self.num_layers:
@@ -374,7 +375,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             out = []
             for row, (job, state) in enumerate(kept):
                 state.position += job.num_tokens
-                state.hidden = state.ids = state.weights = state.routing = None
+                state.hidden = state.normed = state.ids = state.weights = state.routing = None
                 if not sampled[row]:
                     out.append(JobResult(job))
                     continue
@@ -449,8 +450,13 @@ class _Readback:
             done.synchronize()
 
 
-def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The residual stream and routing a request's previous job left for this one."""
-    if state.hidden is None or state.ids is None or state.weights is None:
+def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, ...]:
+    """The residual stream, routing and experts' input a request's previous job left for this one."""
+    if state.hidden is None or state.ids is None or state.weights is None or state.normed is None:
         raise RuntimeError(f"request {request} has no hidden state for its MoE job: jobs ran out of order")
-    return state.hidden, state.ids, state.weights
+    return state.hidden, state.ids, state.weights, state.normed
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The jobs' rows as one tensor (a single job's as they are: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from runahead.models.base import ExpertRows
+from runahead.models.routing import ExpertRows
 
 
 class WavedState(Protocol):

@@ -17,8 +17,7 @@ an architecture's expert hooks) is :mod:`runahead.models.products`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +33,7 @@ from runahead.models.description import (
     require,
 )
 from runahead.models.products import ExpertProducts, matrix_kind
+from runahead.models.routing import ExpertRows
 from runahead.models.state import KVLayer, LayerState, RequestState
 
 __all__ = [
@@ -92,6 +92,10 @@ class MoEModel(ExpertProducts, ModelDescription):
     ``l.post_norm``, ``l.router`` and for a shared expert ``l.shared_gate``, ``l.shared_up``,
     ``l.shared_down``, ``l.shared_expert_gate``. Built by :func:`runahead.models.loader.load_model`.
     """
+
+    post_norm_feeds_all = True
+    """The router, the routed experts and the shared expert all read :meth:`expert_input` (``l.post_norm``
+    of the residual): a caller that has it passes it on (``normed``), and it is computed once a job."""
 
     def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
         self.config = config
@@ -292,14 +296,15 @@ class MoEModel(ExpertProducts, ModelDescription):
         return self.dense(attn, f"{layer}.o_proj", w.get(f"{layer}.o_proj.bias"))
 
     @torch.no_grad()
-    def route(self, layer: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """The gate of ``layer``: post-attention norm, then router softmax and top-k.
+    def route(self, layer: int, hidden: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The gate of ``layer``: post-attention norm (``normed``, if the caller has it), then router
+        softmax and top-k.
 
         Returns ``(expert ids [T, k] long, weights [T, k])`` as transformers computes them: softmax
         in float32 over all experts, top-k, then renormalised over the k when ``norm_topk_prob``.
         """
         c = self.config
-        x = self.norm(hidden, f"{layer}.post_norm")
+        x = self.norm(hidden, f"{layer}.post_norm") if normed is None else normed
         probs = torch.softmax(self.dense(x, f"{layer}.router").float(), dim=-1)
         weights, ids = torch.topk(probs, c.top_k, dim=-1)
         if c.norm_topk_prob:
@@ -330,6 +335,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         experts: Mapping[int, Tensor],
         out: Tensor | None = None,
         routing: ExpertRows | None = None,
+        normed: Tensor | None = None,
     ) -> Tensor:
         """Add the routed-expert contributions of just the ``experts`` given to ``out`` (zeros if None).
 
@@ -337,7 +343,8 @@ class MoEModel(ExpertProducts, ModelDescription):
         chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`. ``routing`` is the
         group's (row, k) pairs sorted by expert (:class:`ExpertRows`); a backend that holds the
         routing on the host passes it, so the MoE needs no device-to-host read (``ids`` is then not
-        read). Without it the pairs are found from ``ids``.
+        read). Without it the pairs are found from ``ids``. ``normed``: :meth:`expert_input` of
+        ``hidden``, where the caller has it (:attr:`post_norm_feeds_all`).
 
         The grouped product (:meth:`moe_products`), added back with one scatter. Per row the sum
         runs in ascending expert order, as a loop over experts would add them, so the result is the
@@ -345,13 +352,19 @@ class MoEModel(ExpertProducts, ModelDescription):
         """
         if routing is None:
             routing = ExpertRows.from_ids(ids, experts)
-        y = self.moe_products(layer, hidden, weights, experts, routing)
+        y = self.moe_products(layer, hidden, weights, experts, routing, normed)
         if out is None:
             out = torch.zeros_like(hidden)
         return out if y is None else out.index_add_(0, routing.rows, y)
 
     def moe_products(
-        self, layer: int, hidden: Tensor, weights: Tensor, experts: Mapping[int, Tensor], routing: ExpertRows
+        self,
+        layer: int,
+        hidden: Tensor,
+        weights: Tensor,
+        experts: Mapping[int, Tensor],
+        routing: ExpertRows,
+        normed: Tensor | None = None,
     ) -> Tensor | None:
         """Every routed pair's expert output times its routing weight, ``[pairs, H]`` in ``routing``'s
         order (None when nothing routes to ``experts``): what :meth:`moe_partial` adds up.
@@ -361,7 +374,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         """
         if not routing.spans:
             return None
-        x = self.expert_input(layer, hidden)
+        x = self.expert_input(layer, hidden) if normed is None else normed
         gathered = x.index_select(0, routing.rows)
         y = self.stored_experts(layer, gathered, routing.spans, experts)
         if y is None:
@@ -377,10 +390,12 @@ class MoEModel(ExpertProducts, ModelDescription):
         """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""
         return self.norm(hidden, f"{layer}.post_norm")
 
-    def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
+    def moe_finish(self, layer: int, hidden: Tensor, out: Tensor, normed: Tensor | None = None) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
         if self.config.shared_expert_size:  # the norm only where a shared expert reads it
-            shared = self.shared_expert(layer, self.norm(hidden, f"{layer}.post_norm"))
+            if normed is None or not self.post_norm_feeds_all:
+                normed = self.norm(hidden, f"{layer}.post_norm")
+            shared = self.shared_expert(layer, normed)
             if shared is not None:
                 out = out + shared
         return hidden + out
@@ -467,41 +482,3 @@ def _mask(
     if window is not None:
         allowed &= k_pos > q_pos - window
     return allowed
-
-
-@dataclass(frozen=True, slots=True)
-class ExpertRows:
-    """A group's routed ``(row, k)`` pairs sorted by expert: the layout of the grouped expert product.
-
-    ``rows[i]`` / ``kpos[i]``: pair ``i``'s row in the batch and its position among the row's k
-    choices; ``spans``: ``(expert, start, stop)`` runs of pairs, ascending by expert, each run in
-    ascending row order (the order ``torch.where(ids == expert)`` gives).
-    """
-
-    rows: Tensor
-    kpos: Tensor
-    spans: tuple[tuple[int, int, int], ...]
-
-    @classmethod
-    def from_host(
-        cls, routing: Sequence[Sequence[int]], experts: Collection[int], device: torch.device | str = "cpu"
-    ) -> ExpertRows:
-        """From routing read back to the host (one list of expert ids per row), keeping only the pairs
-        that route to ``experts``; one copy to ``device``."""
-        wanted = set(experts)
-        pairs = sorted((e, r, k) for r, row in enumerate(routing) for k, e in enumerate(row) if e in wanted)
-        spans: list[tuple[int, int, int]] = []
-        for i, (e, _, _) in enumerate(pairs):
-            if spans and spans[-1][0] == e:
-                spans[-1] = (e, spans[-1][1], i + 1)
-            else:
-                spans.append((e, i, i + 1))
-        flat = torch.tensor([r for _, r, _ in pairs] + [k for _, _, k in pairs], dtype=torch.long)
-        if torch.device(device).type == "cuda":
-            flat = flat.pin_memory().to(device, non_blocking=True)
-        return cls(flat[: len(pairs)], flat[len(pairs) :], tuple(spans))
-
-    @classmethod
-    def from_ids(cls, ids: Tensor, experts: Collection[int]) -> ExpertRows:
-        """From ``ids [T, k]`` (read on the host: a device sync on CUDA); entries of -1 route nowhere."""
-        return cls.from_host(ids.tolist(), experts, ids.device)

@@ -216,6 +216,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
     """Gemma 4 MoE, split into the runtime's jobs (see :class:`runahead.models.base.MoEModel`)."""
 
     config: Gemma4Config
+    post_norm_feeds_all = False  # the router reads its own scaled norm, the experts pre_ff_norm_2
 
     def __init__(self, config: MoEConfig, weights: Mapping[str, Tensor]) -> None:
         assert isinstance(config, Gemma4Config)
@@ -280,8 +281,9 @@ class Gemma4Model(Gemma4Description, MoEModel):
         return self.norm(self.dense(attn, f"{layer}.o_proj"), f"{layer}.post_attn_norm")
 
     @torch.no_grad()
-    def route(self, layer: int, hidden: Tensor) -> tuple[Tensor, Tensor]:
-        """Gemma 4's router on the residual: softmax top-k, renormalised, times ``per_expert_scale``."""
+    def route(self, layer: int, hidden: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Gemma 4's router on the residual (its own scaled norm: ``normed`` is not what it reads):
+        softmax top-k, renormalised, times ``per_expert_scale``."""
         w, p, c = self.weights, f"{layer}.", self.config
         x = _normed(hidden, c.rms_norm_eps).type_as(hidden) * w[p + "router_scale"] * c.hidden_size**-0.5
         probs = torch.softmax(self.dense(x, p + "router"), dim=-1, dtype=torch.float32)
@@ -297,7 +299,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
         """GeGLU with the tanh approximation of GELU."""
         return F.gelu(gate, approximate="tanh") * up
 
-    def moe_finish(self, layer: int, hidden: Tensor, out: Tensor) -> Tensor:
+    def moe_finish(self, layer: int, hidden: Tensor, out: Tensor, normed: Tensor | None = None) -> Tensor:
         """Normed experts' sum plus the normed dense MLP, normed, added, scaled by ``layer_scalar``."""
         w, p = self.weights, f"{layer}."
         dense = self.dense_mlp(
