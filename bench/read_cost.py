@@ -80,7 +80,17 @@ print(json.dumps({"cpu_us": cpu / reads * 1e6, "wall_us": wall / reads * 1e6}))
 
 def run(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    argv = [sys.executable, "-c", _CHILD, args.store, args.link_gbps, str(args.reads), str(args.in_flight)]
+    # -P: the tree's package, not the current folder's (``-c`` would put the current folder first)
+    argv = [
+        sys.executable,
+        "-P",
+        "-c",
+        _CHILD,
+        args.store,
+        args.link_gbps,
+        str(args.reads),
+        str(args.in_flight),
+    ]
     argv.append("busy" if args.busy else "alone")
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from queue import SimpleQueue
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -278,8 +280,101 @@ class LinkCap:
         return self._free_at
 
 
+class _Landings:
+    """Reads that landed on worker threads, handed to one event loop in batches.
+
+    A read that lands while an earlier landing's wake-up is still queued on the loop joins that
+    batch instead of waking the loop again, and no concurrent future is chained to an asyncio one
+    per read: together they halve the event loop's CPU a read here (``bench/read_cost.py``,
+    docs/results-torch.md). Reads kept in flight land close together.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._landed: deque[tuple[asyncio.Future[None], BaseException | None]] = deque()
+        self._queued = False  # a wake-up is queued on the loop and has not run yet
+
+    def add(self, future: asyncio.Future[None], error: BaseException | None) -> None:
+        """From a worker thread: ``future``'s read is done (or failed with ``error``)."""
+        self._landed.append((future, error))
+        if self._queued:
+            return  # appended before the queued wake-up clears the flag: it delivers this one too
+        self._queued = True
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these reads any more
+            self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        self._queued = False  # first: a read landing from now on queues its own wake-up
+        landed = self._landed
+        while landed:
+            future, error = landed.popleft()
+            if future.cancelled():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+
+_Work = tuple[_Landings, "asyncio.Future[None]", Callable[..., None], tuple[Any, ...]]
+"""A queued read: where it lands, its future, and the blocking call with its arguments."""
+
+
+class _ReadPool:
+    """``size`` threads that run blocking reads; each read's completion comes back to the loop
+    that asked for it, through that loop's :class:`_Landings`."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._work: SimpleQueue[_Work | None] = SimpleQueue()
+        self._landings: _Landings | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., None], args: tuple[Any, ...]) -> asyncio.Future[None]:
+        """Queue ``fn(*args)``; a future of the running loop, done when it has run (RuntimeError once
+        the pool is shut down)."""
+        loop = asyncio.get_running_loop()
+        landings = self._landings
+        if landings is None or landings.loop is not loop:
+            landings = self._landings = _Landings(loop)
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the read pool is shut down")
+            self._work.put((landings, future, fn, args))
+        return future
+
+    def _serve(self) -> None:
+        work = self._work
+        while (item := work.get()) is not None:
+            landings, future, fn, args = item
+            error: BaseException | None = None
+            try:
+                fn(*args)
+            except BaseException as failed:  # handed to the reader, as a thread pool's future would
+                error = failed
+            landings.add(future, error)
+            del item, future, error  # hold no reference while idle
+
+    def shutdown(self) -> None:
+        """Refuse new reads, let the queued ones run, and wait for the threads to end."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for _ in self._threads:
+                self._work.put(None)
+        for thread in self._threads:
+            thread.join()
+
+
 class _Executor:
-    """The store's thread pool of ``queue_depth`` workers, shared by every store, and its link.
+    """The store's pool of ``queue_depth`` read threads, shared by every store, and its link.
 
     ``link_bandwidth`` (bytes per second, or None for none): every read is paced by a
     :class:`LinkCap` of that bandwidth, given the bytes it carries (``run(..., carries=n)``).
@@ -290,9 +385,7 @@ class _Executor:
             raise ValueError(f"queue_depth must be >= 1, got {queue_depth}")
         self.queue_depth = queue_depth
         self.link = None if link_bandwidth is None else LinkCap(link_bandwidth)
-        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=queue_depth, thread_name_prefix=name
-        )
+        self.pool: _ReadPool | None = _ReadPool(queue_depth, name)
         self.closing = False
 
     async def run(self, fn: Callable[..., None], *args: Any, carries: int = 0) -> None:
@@ -304,7 +397,7 @@ class _Executor:
             raise StoreClosed("expert store is closed")
         loop = asyncio.get_running_loop()
         try:
-            fut = loop.run_in_executor(pool, fn, *args)
+            fut = pool.submit(fn, args)
         except RuntimeError:  # shut down between the check and the submit, from another thread
             raise StoreClosed("expert store is closed") from None
         done_at = None if self.link is None else self.link.reserve(carries, loop.time())
@@ -325,7 +418,7 @@ class _Executor:
     def shutdown(self) -> None:
         self.closing = True  # refuse new reads at once; the ones in flight finish
         if self.pool is not None:
-            self.pool.shutdown(wait=True)
+            self.pool.shutdown()
             self.pool = None
 
 
