@@ -30,6 +30,7 @@ token: every grouping computes the same jobs (tests/test_mode.py, tests/test_tor
 from __future__ import annotations
 
 import enum
+from collections import deque
 
 PROBE_STEPS = 2
 """Measured steps of a probe (after one settling step when the mode changed)."""
@@ -39,6 +40,9 @@ MAX_EXPLOIT_STEPS = 128
 """The longest exploit window: each win of the incumbent doubles its window up to this."""
 SWITCH_MARGIN = 0.05
 """A challenger must be this much faster (seconds per token) to take over from the incumbent."""
+LOG_WINDOWS = 256
+"""Finished windows :attr:`ModeChooser.log` keeps, the latest (an engine serving for days would
+otherwise keep one entry a window for as long as it runs)."""
 
 
 class Mode(enum.Enum):
@@ -60,8 +64,8 @@ class ModeChooser:
     step boundary leaves nothing of the last step in flight (the step barrier), so a probe there is
     its measured steps alone. A window restarted by a change of requests or a prompt pass settles
     either way. ``seconds_per_token`` holds each mode's latest measurement per number of active requests;
-    ``switches`` counts changes of mode; ``log`` keeps each finished window as (mode, requests,
-    seconds per token, the mode chosen next).
+    ``switches`` counts changes of mode; ``log`` keeps the latest :data:`LOG_WINDOWS` finished windows
+    as (mode, requests, seconds per token, the mode chosen next).
     """
 
     def __init__(
@@ -88,7 +92,7 @@ class ModeChooser:
         self.exploit_steps = self.first_exploit_steps
         self.seconds_per_token: dict[tuple[Mode, int], float] = {}
         self.switches = 0
-        self.log: list[tuple[Mode, int, float, Mode]] = []
+        self.log: deque[tuple[Mode, int, float, Mode]] = deque(maxlen=LOG_WINDOWS)
         self._requests = 0  # active requests in the current window
         self._tokens = 0  # tokens since the last step boundary
         self._settling = True  # the window's first step is not measured

@@ -90,9 +90,9 @@ def test_a_prompt_pass_restarts_the_window() -> None:
     chooser.token(run.now + 1.0, 4, prompt=True)  # a slow prompt pass: not measured
     run.now += 1.0
     run.steps_of(2, costs(0.010, 0.008))  # settling again, then the window's first measured step
-    assert chooser.log == []
+    assert list(chooser.log) == []
     run.steps_of(1, costs(0.010, 0.008))
-    assert chooser.log == [(AHEAD, 4, pytest.approx(0.010), BATCH)]
+    assert list(chooser.log) == [(AHEAD, 4, pytest.approx(0.010), BATCH)]
 
 
 @pytest.mark.parametrize(
@@ -114,3 +114,14 @@ def test_under_the_step_barrier_a_switch_needs_no_settling_step() -> None:
     # (the harness counts a step from its first token, the chooser's steps end there: one apart)
     assert lengths[True][:4] == [(AHEAD, 4), (BATCH, 11), (AHEAD, 3), (BATCH, 17)]
     assert lengths[False][:4] == [(AHEAD, 4), (BATCH, 10), (AHEAD, 2), (BATCH, 16)]
+
+
+def test_the_log_keeps_the_latest_windows_only() -> None:
+    """A chooser of an engine that serves for days keeps a bounded log; switches are still all counted."""
+    from runahead.mode import LOG_WINDOWS
+
+    chooser = ModeChooser(probe_steps=1, first_exploit_steps=1, max_exploit_steps=1)
+    run = Run(chooser)
+    run.steps_of(4 * LOG_WINDOWS, lambda mode: 0.010 if mode is AHEAD else 0.020)
+    assert len(chooser.log) == LOG_WINDOWS
+    assert chooser.switches > LOG_WINDOWS  # more switches than windows kept: the counter is not the log's
