@@ -60,6 +60,7 @@ class _RequestState:
     ids: mx.array | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: mx.array | None = None  # [tokens, k] their routing weights
     routing: np.ndarray | None = None  # ``ids`` on the host
+    normed: mx.array | None = None  # [tokens, H] what the next MoE's experts read (model.expert_input)
     products: mx.array | None = None  # [tokens, k, H] a waved job's weighted products so far
     logits: list[np.ndarray] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
@@ -241,9 +242,9 @@ class MLXBackend(RequestLifecycle[_RequestState]):
     ) -> tuple[mx.array, list[int]]:
         """This wave's routed experts for every job (one gathered matmul per matrix over slot
         indices); finish the MoE of jobs whose last wave this is. Returns the rows and those jobs."""
-        hidden_parts, slot_rows, weight_parts, masks = [], [], [], []
+        hidden_parts, normed_parts, slot_rows, weight_parts, masks = [], [], [], [], []
         for state, job in zip(states, jobs, strict=True):
-            if state.hidden is None or state.weights is None or state.routing is None:
+            if state.hidden is None or state.weights is None or state.routing is None or state.normed is None:
                 raise RuntimeError(
                     f"request {job.request} has no hidden state for its MoE job: jobs ran out of order"
                 )
@@ -251,16 +252,17 @@ class MLXBackend(RequestLifecycle[_RequestState]):
             wave = set(job.experts) if not single else None
             slots, mask = self._slots(layer, state.routing, wave)
             hidden_parts.append(state.hidden)
+            normed_parts.append(state.normed)
             slot_rows.append(slots)
             masks.append(mask)
             if mask is None:
                 weight_parts.append(state.weights)
             else:
                 weight_parts.append(state.weights * mx.array(mask, dtype=state.weights.dtype))
-        hidden = _cat(hidden_parts)
+        hidden, normed = _cat(hidden_parts), _cat(normed_parts)
         indices = mx.array(np.concatenate(slot_rows), dtype=mx.uint32)
         weights = _cat(weight_parts)
-        products, dtype = self.model.moe_products(layer, hidden, indices, weights, self.pools.pools)
+        products, dtype = self.model.moe_products(layer, hidden, indices, weights, self.pools.pools, normed)
         routed = moe_sum(products, dtype) if any(mask is None for mask in masks) else None
         spans = row_spans(jobs)
         final, outputs = [], []
@@ -279,7 +281,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
             else:  # summed as one wave sums them (the same adds in the same order)
                 assert state.products is not None
                 part, state.products = moe_sum(state.products, dtype), None
-            outputs.append(self.model.moe_finish(layer, hidden[start:stop], part))
+            outputs.append(self.model.moe_finish(layer, hidden[start:stop], part, normed[start:stop]))
             final.append(i)
         pending = [s.products for s in states if s.products is not None]
         if pending:
@@ -309,18 +311,19 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         following = layer + 1
         segments = [(state.kv, state.position, job.num_tokens) for job, state in kept]
         hidden = model.attention(following, hidden, segments)
-        ids, weights = model.route(following, hidden)
+        normed = model.expert_input(following, hidden)  # once a job: the router may read it too
+        ids, weights = model.route(following, hidden, normed if model.post_norm_feeds_all else None)
         guess = None
         if self.speculate and following + 1 < self.num_layers:
             guess = model.route(following + 1, hidden)[0]
-        outputs: list[mx.array] = [hidden, ids, weights] + ([guess] if guess is not None else [])
+        outputs: list[mx.array] = [hidden, normed, ids, weights] + ([guess] if guess is not None else [])
         mx.eval(outputs + [a for _, state in kept for a in state.kv.arrays()])
         routing = np.array(ids)
         guesses = np.array(guess) if guess is not None else None
         out = []
         for (job, state), (start, stop) in zip(kept, spans, strict=True):
             state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
-            state.routing = routing[start:stop]
+            state.routing, state.normed = routing[start:stop], normed[start:stop]
             predicted = distinct_experts(guesses[start:stop]) if guesses is not None else ()
             out.append(JobResult(job, distinct_experts(state.routing), predicted))
         return out
@@ -347,7 +350,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         out = []
         for row, (job, state) in enumerate(kept):
             state.position += job.num_tokens
-            state.hidden = state.ids = state.weights = state.routing = None
+            state.hidden = state.normed = state.ids = state.weights = state.routing = None
             if job.prefill and state.position < len(state.spec.prompt):
                 out.append(JobResult(job))
                 continue

@@ -83,6 +83,11 @@ Segment = tuple[RequestStateMLX, int, int]
 class MLXModel:
     """A MoE decoder on MLX over a :class:`~runahead.models.mlx.checkpoint.Checkpoint`'s resident weights."""
 
+    post_norm_feeds_all = True
+    """Whether the router and the shared expert read :meth:`expert_input` too (the post-attention
+    norm of the residual), as the torch models' attribute of the same name says: a caller that has
+    it passes it on (``normed``), so it is computed once a job. Gemma 4's router has its own norm."""
+
     def __init__(self, checkpoint: Checkpoint) -> None:
         self.config: MoEConfig = checkpoint.config
         self.weights = dict(checkpoint.weights)
@@ -218,12 +223,21 @@ class MLXModel:
         k_pos = mx.arange(0, start + n)[None, :]
         return (k_pos <= q_pos) & (k_pos > q_pos - window)
 
-    def route(self, layer: int, hidden: mx.array) -> tuple[mx.array, mx.array]:
+    def post_normed(self, layer: int, hidden: mx.array, normed: mx.array | None) -> mx.array:
+        """The post-attention norm of ``hidden`` (what the router and the shared expert of ``layer``
+        read): ``normed`` where the caller has it, else computed here."""
+        return self.norm(hidden, f"{layer}.post_norm") if normed is None else normed
+
+    def route(
+        self, layer: int, hidden: mx.array, normed: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
         """The gate of ``layer`` on ``hidden``: ``(expert ids [T, k], weights [T, k])``, as mlx-lm's
-        Qwen2-MoE / OLMoE router computes them (softmax, top-k, renormalised if ``norm_topk_prob``)."""
+        Qwen2-MoE / OLMoE router computes them (softmax, top-k, renormalised if ``norm_topk_prob``).
+        ``normed``: :meth:`expert_input` of ``hidden``, where the caller has it
+        (:attr:`post_norm_feeds_all`)."""
         c = self.config
         gates = mx.softmax(
-            self.linear(self.norm(hidden, f"{layer}.post_norm"), f"{layer}.router"), axis=-1, precise=True
+            self.linear(self.post_normed(layer, hidden, normed), f"{layer}.router"), axis=-1, precise=True
         )
         k = c.top_k
         ids = mx.argpartition(-gates, kth=k - 1, axis=-1)[..., :k]
@@ -233,12 +247,19 @@ class MLXModel:
         return ids, scores
 
     def moe_products(
-        self, layer: int, hidden: mx.array, slots: mx.array, weights: mx.array, pools: Mapping[str, mx.array]
+        self,
+        layer: int,
+        hidden: mx.array,
+        slots: mx.array,
+        weights: mx.array,
+        pools: Mapping[str, mx.array],
+        normed: mx.array | None = None,
     ) -> tuple[mx.array, Any]:
         """The routed experts' weighted products ``weights * y`` ``[T, k, H]`` for rows ``hidden``
         (mlx-lm's ``SwitchGLU`` over slot indices ``slots [T, k]``), and the dtype their sum takes
-        (:func:`moe_sum`). Pairs outside the current wave carry weight 0 (and any resident slot)."""
-        x = mx.expand_dims(self.expert_input(layer, hidden), (-2, -3))
+        (:func:`moe_sum`). Pairs outside the current wave carry weight 0 (and any resident slot).
+        ``normed``: :meth:`expert_input` of ``hidden``, where the caller has it."""
+        x = mx.expand_dims(self.expert_input(layer, hidden) if normed is None else normed, (-2, -3))
         do_sort = slots.size >= 64
         idx, inv_order = slots, None
         if do_sort:
@@ -282,11 +303,14 @@ class MLXModel:
             sorted_indices=sort,
         )
 
-    def moe_finish(self, layer: int, hidden: mx.array, routed: mx.array) -> mx.array:
-        """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
+    def moe_finish(
+        self, layer: int, hidden: mx.array, routed: mx.array, normed: mx.array | None = None
+    ) -> mx.array:
+        """Close the MoE block: add the shared expert (if any) and the residual to the routed sum.
+        ``normed``: :meth:`expert_input` of ``hidden``, where the caller has it."""
         c, p = self.config, f"{layer}."
         if c.shared_expert_size:
-            x = self.norm(hidden, p + "post_norm")
+            x = self.post_normed(layer, hidden, normed if self.post_norm_feeds_all else None)
             gate, up = self.linear(x, p + "shared_gate"), self.linear(x, p + "shared_up")
             shared = self.linear(self.activation(gate, up), p + "shared_down")
             if c.shared_expert_gate:

@@ -73,8 +73,13 @@ class Gemma4MLX(MLXModel):
         """``post_attention_norm(o_proj(attn))``."""
         return self.norm(self.linear(attn, f"{layer}.o_proj"), f"{layer}.post_attn_norm")
 
-    def route(self, layer: int, hidden: mx.array) -> tuple[mx.array, mx.array]:
-        """The router on the residual: softmax top-k, renormalised, times ``per_expert_scale``."""
+    post_norm_feeds_all = False  # the router reads its own scaled norm, the experts pre_ff_norm_2
+
+    def route(
+        self, layer: int, hidden: mx.array, normed: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
+        """The router on the residual (its own scaled norm: ``normed`` is not what it reads): softmax
+        top-k, renormalised, times ``per_expert_scale``."""
         c, w, p = self.config, self.weights, f"{layer}."
         x = mx.fast.rms_norm(hidden, None, c.rms_norm_eps) * w[p + "router_scale"] * c.hidden_size**-0.5
         probs = mx.softmax(self.linear(x, p + "router").astype(mx.float32), axis=-1, precise=True)
@@ -92,8 +97,11 @@ class Gemma4MLX(MLXModel):
         inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         return 0.5 * gate * (1.0 + mx.tanh(inner)) * up
 
-    def moe_finish(self, layer: int, hidden: mx.array, routed: mx.array) -> mx.array:
-        """Normed experts' sum plus the normed dense MLP, normed, added, scaled by ``layer_scalar``."""
+    def moe_finish(
+        self, layer: int, hidden: mx.array, routed: mx.array, normed: mx.array | None = None
+    ) -> mx.array:
+        """Normed experts' sum plus the normed dense MLP, normed, added, scaled by ``layer_scalar``
+        (the dense MLP reads its own norm, ``pre_ff_norm``: ``normed`` is not used)."""
         p = f"{layer}."
         x = self.norm(hidden, p + "pre_ff_norm")
         dense = self.linear(

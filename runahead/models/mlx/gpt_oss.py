@@ -55,19 +55,27 @@ class GptOssMLX(MLXModel):
         sinks = self.weights[f"{layer}.sinks"].astype(q.dtype)
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask, sinks=sinks)
 
-    def route(self, layer: int, hidden: mx.array) -> tuple[mx.array, mx.array]:
+    def route(
+        self, layer: int, hidden: mx.array, normed: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
         """Top-k of the router's logits (with its bias), softmaxed over just those k."""
         k = self.config.top_k
-        logits = self.linear(self.norm(hidden, f"{layer}.post_norm"), f"{layer}.router")
+        logits = self.linear(self.post_normed(layer, hidden, normed), f"{layer}.router")
         ids = mx.argpartition(-logits, kth=k - 1, axis=-1)[..., :k]
         return ids, mx.softmax(mx.take_along_axis(logits, ids, axis=-1), axis=-1, precise=True)
 
     def moe_products(
-        self, layer: int, hidden: mx.array, slots: mx.array, weights: mx.array, pools: Mapping[str, mx.array]
+        self,
+        layer: int,
+        hidden: mx.array,
+        slots: mx.array,
+        weights: mx.array,
+        pools: Mapping[str, mx.array],
+        normed: mx.array | None = None,
     ) -> tuple[mx.array, Any]:
         """The clamped-SwiGLU experts as stored, over slot indices: ``x @ gate_up + b``, then down."""
         c: Any = self.config
-        x = mx.expand_dims(self.expert_input(layer, hidden), (-2, -3))
+        x = mx.expand_dims(self.expert_input(layer, hidden) if normed is None else normed, (-2, -3))
         gate_up = mx.gather_mm(x, pools["gate_up_t.weight"], rhs_indices=slots)
         gate_up = gate_up + pools["gate_up_bias.weight"][slots][..., None, :]
         gate = mx.minimum(gate_up[..., ::2], c.swiglu_limit)

@@ -10,11 +10,13 @@ from runahead.models.mlx.base import MLXModel
 class Qwen3MoeMLX(MLXModel):
     """Qwen3-MoE (see :class:`runahead.models.mlx.base.MLXModel`)."""
 
-    def route(self, layer: int, hidden: mx.array) -> tuple[mx.array, mx.array]:
+    def route(
+        self, layer: int, hidden: mx.array, normed: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
         """Softmax over all experts, the top k (in mlx-lm's order), renormalised if ``norm_topk_prob``."""
         c, p = self.config, f"{layer}."
         gates = mx.softmax(
-            self.linear(self.norm(hidden, p + "post_norm"), p + "router"), axis=-1, precise=True
+            self.linear(self.post_normed(layer, hidden, normed), p + "router"), axis=-1, precise=True
         )
         ids = mx.argpartition(gates, kth=-c.top_k, axis=-1)[..., -c.top_k :]
         scores = mx.take_along_axis(gates, ids, axis=-1)
