@@ -17,6 +17,7 @@ from runahead.models import ARCHITECTURES, get_architecture, qkernel
 from runahead.models.base import DENSE_ROLES, ModelLoadError, MoEModel
 from runahead.models.layout import ExpertLayout
 from runahead.models.loader import checkpoint_layout, load_model, load_reference_slot, load_tokenizer
+from runahead.models.routing import ExpertRows
 
 from modelhelpers import (
     ARCHS,
@@ -199,6 +200,21 @@ def test_moe_needs_a_slot_for_every_routed_expert(folders: dict[str, Path]) -> N
     del slots[missing]
     with pytest.raises(KeyError, match=f"expert {missing} is routed to but has no slot"):
         model.moe(0, hidden, ids, weights, slots)
+
+
+def test_the_moe_reads_the_routing_or_the_ids_and_refuses_neither(folders: dict[str, Path]) -> None:
+    """A backend holding the routing on the host passes it and no ids (the torch backend does): the
+    same sum to the bit as from the ids; with neither, a clear error."""
+    model, layout = load_model(folders["qwen3_moe"])
+    hidden = model.attention(0, model.embed(torch.tensor([5, 6, 7])), [(model.new_cache(), 0, 3)])
+    ids, weights = model.route(0, hidden)
+    slots = slots_for(layout, 0, ids)
+    routing = ExpertRows.from_ids(ids, slots)
+    from_ids = model.moe_partial(0, hidden, ids, weights, slots)
+    assert torch.equal(model.moe_partial(0, hidden, None, weights, slots, routing=routing), from_ids)
+    assert from_ids.abs().sum().item() > 0
+    with pytest.raises(ValueError, match="needs the routing or the expert ids"):
+        model.moe_partial(0, hidden, None, weights, slots)
 
 
 def test_attention_refuses_a_segment_that_skips_positions(folders: dict[str, Path]) -> None:

@@ -289,7 +289,7 @@ def test_a_checkpoint_on_the_kernel_gives_bit_identical_logits_under_every_sched
 def test_host_routing_gives_the_rows_found_on_the_device(model) -> None:  # type: ignore[no-untyped-def]
     """The MoE takes each expert's rows from the routing read back to the host (no device read).
     In every group, waves and several requests included, those rows equal the ones ``torch.where``
-    finds in the wave-masked ids on the device, in the same order, and the tokens stay
+    finds in the wave-masked ids as a tensor, in the same order, and the tokens stay
     transformers'."""
     path, expected = model
     backend = TorchBackend.open(str(path), cache_slots=6)
@@ -301,7 +301,8 @@ def test_host_routing_gives_the_rows_found_on_the_device(model) -> None:  # type
         masked = []
         for state, job in zip(states, jobs, strict=True):
             wave = torch.tensor(sorted(wanted if not job.remaining and job.wave == 0 else job.experts))
-            masked.append(torch.where(torch.isin(state.ids, wave), state.ids, -1))
+            ids = torch.tensor(state.routing)
+            masked.append(torch.where(torch.isin(ids, wave), ids, -1))
         ids = torch.cat(masked)
         found = [e for e in sorted(wanted) if bool((ids == e).any())]
         assert [e for e, _, _ in ours.spans] == found

@@ -58,10 +58,9 @@ class _RequestState:
     last_token: int | None = None
     hidden: torch.Tensor | None = None  # [tokens, H] residual stream between jobs
     normed: torch.Tensor | None = None  # [tokens, H] what the next MoE's experts read (model.expert_input)
-    ids: torch.Tensor | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: torch.Tensor | None = None  # [tokens, k] their routing weights
     partials: torch.Tensor | None = None  # [tokens, k, H] a waved job's products so far (backends.waves)
-    routing: list[list[int]] | None = None  # ``ids`` read back to the host, one row per token
+    routing: list[list[int]] | None = None  # experts the gate chose for the next MoE, one row per token
     logits: list[torch.Tensor] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet taken
     token_logprob: TokenLogprob | None = None  # of the last sampled token, not yet taken
@@ -255,14 +254,14 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         (:mod:`runahead.backends.waves`), so its result does not depend on how it was split.
         """
         carried = [_carried(state, job.request) for state, job in zip(states, jobs, strict=True)]
-        hidden, ids, weights, normed = (_joined([c[i] for c in carried]) for i in range(4))  # ids: not read
+        hidden, weights, normed = (_joined([c[i] for c in carried]) for i in range(3))
         wanted = {e for job in jobs for e in job.experts}
         experts = {e: self._slot_tensor(ExpertKey(layer, e)) for e in wanted}
         routing = self._routing(jobs, states, wanted)
         rows = row_spans(jobs)
         waved = [(i, states[i], not job.remaining) for i, job in enumerate(jobs) if job.wave or job.remaining]
         if not waved:
-            accumulated = self.model.moe_partial(layer, hidden, ids, weights, experts, None, routing, normed)
+            accumulated = self.model.moe_partial(layer, hidden, None, weights, experts, None, routing, normed)
         else:
             y = self.model.moe_products(layer, hidden, weights, experts, routing, normed)
             accumulated = sums_with_waves(y, routing, rows, hidden, weights.shape[-1], waved)
@@ -304,7 +303,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         ids, weights = model.route(following, hidden, normed if model.post_norm_feeds_all else None)
         for (_, state), (start, stop) in zip(kept, spans, strict=True):
             state.hidden, state.normed = hidden[start:stop], normed[start:stop]
-            state.ids, state.weights = ids[start:stop], weights[start:stop]
+            state.weights = weights[start:stop]
         host_ids = readback.add(ids)
         host_guess = None
         if self.speculate and following + 1 < self.num_layers:
@@ -375,7 +374,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             out = []
             for row, (job, state) in enumerate(kept):
                 state.position += job.num_tokens
-                state.hidden = state.normed = state.ids = state.weights = state.routing = None
+                state.hidden = state.normed = state.weights = state.routing = None
                 if not sampled[row]:
                     out.append(JobResult(job))
                     continue
@@ -451,10 +450,10 @@ class _Readback:
 
 
 def _carried(state: _RequestState, request: int) -> tuple[torch.Tensor, ...]:
-    """The residual stream, routing and experts' input a request's previous job left for this one."""
-    if state.hidden is None or state.ids is None or state.weights is None or state.normed is None:
+    """The residual stream, routing weights and experts' input a request's previous job left for this one."""
+    if state.hidden is None or state.weights is None or state.normed is None:
         raise RuntimeError(f"request {request} has no hidden state for its MoE job: jobs ran out of order")
-    return state.hidden, state.ids, state.weights, state.normed
+    return state.hidden, state.weights, state.normed
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -330,7 +330,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         self,
         layer: int,
         hidden: Tensor,
-        ids: Tensor,
+        ids: Tensor | None,
         weights: Tensor,
         experts: Mapping[int, Tensor],
         out: Tensor | None = None,
@@ -343,14 +343,16 @@ class MoEModel(ExpertProducts, ModelDescription):
         chunk) runs its MoE in waves: one call per wave, then :meth:`moe_finish`. ``routing`` is the
         group's (row, k) pairs sorted by expert (:class:`ExpertRows`); a backend that holds the
         routing on the host passes it, so the MoE needs no device-to-host read (``ids`` is then not
-        read). Without it the pairs are found from ``ids``. ``normed``: :meth:`expert_input` of
-        ``hidden``, where the caller has it (:attr:`post_norm_feeds_all`).
+        read and may be None). Without it the pairs are found from ``ids``. ``normed``:
+        :meth:`expert_input` of ``hidden``, where the caller has it (:attr:`post_norm_feeds_all`).
 
         The grouped product (:meth:`moe_products`), added back with one scatter. Per row the sum
         runs in ascending expert order, as a loop over experts would add them, so the result is the
         same to the bit.
         """
         if routing is None:
+            if ids is None:
+                raise ValueError("moe_partial needs the routing or the expert ids")
             routing = ExpertRows.from_ids(ids, experts)
         y = self.moe_products(layer, hidden, weights, experts, routing, normed)
         if out is None:
