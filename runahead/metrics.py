@@ -199,7 +199,7 @@ def summarize(recorder: Recorder, stats: CacheStats, steps: float, *, skip_steps
 
     ``skip_steps`` leaves the first steps out (a cold cache warming up): the window starts when
     every request has produced its token ``skip_steps - 1``. Busy times, tokens and reads are
-    counted inside the window; hits and misses stay whole-run totals.
+    counted inside the window; hits and misses stay whole-run totals, and so do the groups.
     """
     if not recorder.tokens:
         raise ValueError("the run produced no tokens")
@@ -210,17 +210,51 @@ def summarize(recorder: Recorder, stats: CacheStats, steps: float, *, skip_steps
         start = max(t for _, step, t in recorder.tokens if step == skip_steps - 1)
         steps -= skip_steps
     end = max(t for _, _, t in recorder.tokens)
+    tokens = sum(1 for _, step, _ in recorder.tokens if step >= skip_steps)
+    fetches = sum(1 for f in recorder.fetches if f.start >= start) if skip_steps else stats.fetches
+    return _window_metrics(recorder, stats, start, end, tokens, steps, fetches, recorder.computes)
+
+
+def summarize_window(
+    recorder: Recorder, stats: Any, start: float, end: float, concurrency: int
+) -> RunMetrics:
+    """:func:`runahead.metrics.summarize` over the window ``(start, end]`` of a run.
+
+    Tokens, busy times, reads and groups are those inside the window; a "step" is ``concurrency``
+    tokens. Hits, misses and prefetch counts stay whole-run totals (the cache counts them).
+    """
+    if not end > start:
+        raise ValueError(f"empty measurement window ({start}, {end}]")
+    tokens = sum(1 for _, _, t in recorder.tokens if start < t <= end)
+    if not tokens:
+        raise ValueError("no tokens inside the measurement window")
+    fetches = sum(1 for f in recorder.fetches if start <= f.start < end)
+    groups = [c for c in recorder.computes if start <= c.start < end]
+    return _window_metrics(recorder, stats, start, end, tokens, tokens / concurrency, fetches, groups)
+
+
+def _window_metrics(
+    recorder: Recorder,
+    stats: Any,
+    start: float,
+    end: float,
+    tokens: int,
+    steps: float,
+    fetches: int,
+    groups: list[ComputeRecord],
+) -> RunMetrics:
+    """:class:`RunMetrics` of the window ``[start, end]``: busy times clipped to it, per step of
+    ``steps``; ``tokens``, ``fetches`` and ``groups`` as the caller counted them; the cache's
+    hits, misses and prefetches as ``stats`` holds them."""
     makespan = end - start
     compute = clip(union([(c.start, c.end) for c in recorder.computes]), start, end)
     link = clip(union([(f.start, f.end) for f in recorder.fetches]), start, end)
-    tokens = sum(1 for _, step, _ in recorder.tokens if step >= skip_steps)
-    fetches = sum(1 for f in recorder.fetches if f.start >= start) if skip_steps else stats.fetches
     compute_busy, link_busy = total(compute), total(link)
     both = intersection_total(compute, link)
     per_step = 1.0 / steps
     lower_bound = max(compute_busy, link_busy) * per_step
     step_time = makespan * per_step
-    sizes = Counter(c.size for c in recorder.computes)
+    sizes = Counter(c.size for c in groups)
     frac = (lambda x: x / makespan) if makespan > 0 else (lambda x: 0.0)
     return RunMetrics(
         tokens=tokens,
@@ -244,61 +278,7 @@ def summarize(recorder: Recorder, stats: CacheStats, steps: float, *, skip_steps
         prefetches=stats.prefetches,
         wasted_prefetches=stats.wasted_prefetches,
         evictions=stats.evictions,
-        groups=len(recorder.computes),
-        mean_group_size=sum(c.size for c in recorder.computes) / max(1, len(recorder.computes)),
-        group_sizes=dict(sorted(sizes.items())),
-    )
-
-
-def summarize_window(
-    recorder: Recorder, stats: Any, start: float, end: float, concurrency: int
-) -> RunMetrics:
-    """:func:`runahead.metrics.summarize` over the window ``(start, end]`` of a run.
-
-    Tokens, busy times, reads and groups are those inside the window; a "step" is ``concurrency``
-    tokens. Hits, misses and prefetch counts stay whole-run totals (the cache counts them).
-    """
-    if not end > start:
-        raise ValueError(f"empty measurement window ({start}, {end}]")
-    tokens = sum(1 for _, _, t in recorder.tokens if start < t <= end)
-    if not tokens:
-        raise ValueError("no tokens inside the measurement window")
-    makespan = end - start
-    steps = tokens / concurrency
-    compute = clip(union([(c.start, c.end) for c in recorder.computes]), start, end)
-    link = clip(union([(f.start, f.end) for f in recorder.fetches]), start, end)
-    fetches = sum(1 for f in recorder.fetches if start <= f.start < end)
-    compute_busy, link_busy = total(compute), total(link)
-    both = intersection_total(compute, link)
-    groups = [c for c in recorder.computes if start <= c.start < end]
-    sizes: dict[int, int] = {}
-    for group in groups:
-        sizes[group.size] = sizes.get(group.size, 0) + 1
-    lower_bound = max(compute_busy, link_busy) / steps
-    step_time = makespan / steps
-    return RunMetrics(
-        tokens=tokens,
-        steps=steps,
-        makespan_s=makespan,
-        tokens_per_s=tokens / makespan,
-        step_time_s=step_time,
-        compute_s=compute_busy / steps,
-        fetch_s=link_busy / steps,
-        lower_bound_s=lower_bound,
-        bound_ratio=step_time / lower_bound if lower_bound > 0 else float("nan"),
-        overlap_fraction=both / makespan,
-        compute_wait_fraction=(makespan - compute_busy) / makespan,
-        link_only_fraction=(link_busy - both) / makespan,
-        compute_only_fraction=(compute_busy - both) / makespan,
-        idle_fraction=(makespan - compute_busy - link_busy + both) / makespan,
-        hits=stats.hits,
-        misses=stats.misses,
-        fetches=fetches,
-        fetches_per_step=fetches / steps,
-        prefetches=stats.prefetches,
-        wasted_prefetches=stats.wasted_prefetches,
-        evictions=stats.evictions,
         groups=len(groups),
-        mean_group_size=sum(g.size for g in groups) / max(1, len(groups)),
+        mean_group_size=sum(c.size for c in groups) / max(1, len(groups)),
         group_sizes=dict(sorted(sizes.items())),
     )
