@@ -268,6 +268,8 @@ class ExpertCache:
         A resident entry whose count reaches zero becomes evictable; a ``WANTED`` one is forgotten
         (its jobs went away before a read was started).
         """
+        # One Python loop on purpose: C passes over the ids (two counts, map / compress) were tried
+        # three times, fewer bytecodes but more CPU a job each time (docs/tried.md, issue 14).
         refs, resident = self._refs, self._resident
         freed: list[ExpertId] = []  # became evictable, in order
         try:  # ``_refs`` holds only pinned experts: one without pins is a KeyError
