@@ -2,7 +2,9 @@
 
 On a small CPU machine one run's tokens/s moves by 10-30% from run to run (reads and compute share
 the cores with everything else), so the demo runs a few sync/runahead pairs back to back and reports
-the ratio of each pair: its median and range say how much one number can be trusted.
+the ratio of each pair: its median and range say how much one number can be trusted. The pairs
+alternate which policy runs first, so a machine that drifts one way during the demo (a disk
+speeding up or slowing down) does not favour the policy that always runs second.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def run_pairs(
     dtype: str = "auto",
     threads: int | str = "auto",
 ) -> tuple[list[dict[str, Any]], list[float]]:
-    """Run ``repeats`` pairs (sync, then runahead) on ``backend`` (torch or mlx); return every row and
-    each pair's tokens/s ratio.
+    """Run ``repeats`` pairs of sync and runahead on ``backend`` (torch or mlx), sync first in the
+    first pair, runahead first in the next, and so on; return every row (each pair's as sync, then
+    runahead) and each pair's tokens/s ratio (runahead over sync).
 
     ``dtype``: the compute dtype (``auto``: timed at start on torch, :mod:`runahead.backends.dtypes`;
     the mlx backend's own rule on mlx); ``threads``: torch's compute threads on CPU
@@ -42,7 +45,8 @@ def run_pairs(
     with progress_bar("demo runs", 2 * repeats) as advance:
         for repeat in range(repeats):
             pair = []
-            for policy in ("sync", "runahead"):
+            order = ("sync", "runahead") if repeat % 2 == 0 else ("runahead", "sync")
+            for policy in order:
                 point = TorchPoint(
                     path,
                     policy,
@@ -65,6 +69,7 @@ def run_pairs(
                     tokens=tokens,
                     tokens_per_s=round(pair[-1]["tokens_per_s"], 1),
                 )
-            rows += pair
-            ratios.append(pair[1]["tokens_per_s"] / pair[0]["tokens_per_s"])
+            sync, ahead = sorted(pair, key=lambda row: row["policy"] != "sync")
+            rows += [sync, ahead]
+            ratios.append(ahead["tokens_per_s"] / sync["tokens_per_s"])
     return rows, ratios

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,20 @@ def test_the_library_names_the_extra_too() -> None:
     assert done.stdout.strip() == (
         "this needs the 'torch' package: pip install 'runahead[torch]' (or 'runahead[all]')"
     ), done.stderr
+
+
+def test_the_demo_alternates_which_policy_runs_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pairs alternate their first policy (a drifting machine favours neither); rows and ratios still
+    come as sync, then runahead, and every run gives the same tokens."""
+    from structlog.testing import capture_logs
+
+    from runahead.demo import run_pairs
+
+    monkeypatch.setenv("RUNAHEAD_CACHE", str(tmp_path))
+    with capture_logs() as logs:
+        rows, ratios = run_pairs(2, 2, 0.5, "host", 2)
+    ran = [(entry["repeat"], entry["policy"]) for entry in logs if entry["event"] == "run done"]
+    assert ran == [(1, "sync"), (1, "runahead"), (2, "runahead"), (2, "sync")]
+    assert [row["policy"] for row in rows] == ["sync", "runahead", "sync", "runahead"]
+    assert ratios == [rows[i + 1]["tokens_per_s"] / rows[i]["tokens_per_s"] for i in (0, 2)]
+    assert len({row["token_digest"] for row in rows}) == 1
