@@ -6,9 +6,12 @@ compute timed on the compute thread: wall time (``perf_counter``), the thread's 
 (``thread_time``) and, where ``/proc/thread-self/schedstat`` exists, the time the thread was ready
 but not running (the scheduler's run-queue wait). What is left of the wall time after the CPU and
 the run-queue wait is time the thread slept inside the group: waiting for the GIL, or a hypervisor
-that took the core. Groups of the entry layer (embedding) are apart from the MoE layers'. The
-medians per group size, then a least-squares line of CPU time over jobs (a group's fixed cost and
-its cost a job) over the MoE layers' medians.
+that took the core. Also per group (means), where ``getrusage(RUSAGE_THREAD)`` counts them: how
+often the thread blocked (voluntary context switches: nearly all waits for the GIL, which every
+torch call gives up and takes back) and how often it was preempted (involuntary ones). Groups of
+the entry layer (embedding) are apart from the MoE layers'. The medians per group size, then a
+least-squares line of CPU time over jobs (a group's fixed cost and its cost a job) over the MoE
+layers' medians.
 
     RUNAHEAD_CACHE=<dir> python bench/group_cost.py --store disk --cache-fraction 0.3 --concurrency 8 \\
         --policy runahead/grouping=bottleneck
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 from collections import defaultdict
@@ -41,8 +45,18 @@ def _waited_s() -> float:
         return 0.0
 
 
-Times = dict[tuple[bool, int], list[tuple[float, float, float]]]
-"""Per (entry layer?, jobs in the group): each group's wall, CPU and run-queue wait, in seconds."""
+def _switches() -> tuple[int, int]:
+    """This thread's voluntary and involuntary context switches so far (0, 0 where not counted)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return 0, 0
+    usage = resource.getrusage(who)
+    return usage.ru_nvcsw, usage.ru_nivcsw
+
+
+Times = dict[tuple[bool, int], list[tuple[float, float, float, int, int]]]
+"""Per (entry layer?, jobs in the group): each group's wall, CPU and run-queue wait (seconds), and
+the compute thread's voluntary and involuntary context switches inside it."""
 
 
 def timed_groups(point: TorchPoint) -> tuple[dict[str, Any], Times]:
@@ -51,11 +65,18 @@ def timed_groups(point: TorchPoint) -> tuple[dict[str, Any], Times]:
     compute = torch_backend.TorchBackend._compute
 
     def timed(self: torch_backend.TorchBackend, group: Group) -> Any:
-        wall, cpu, waited = time.perf_counter(), time.thread_time(), _waited_s()
+        wall, cpu, waited, (blocked, preempted) = (
+            time.perf_counter(),
+            time.thread_time(),
+            _waited_s(),
+            _switches(),
+        )
         try:
             return compute(self, group)
         finally:
-            times = (time.perf_counter() - wall, time.thread_time() - cpu, _waited_s() - waited)
+            wall, cpu, waited = time.perf_counter() - wall, time.thread_time() - cpu, _waited_s() - waited
+            now = _switches()
+            times = (wall, cpu, waited, now[0] - blocked, now[1] - preempted)
             groups[(group.layer == ENTRY_LAYER, len(group.jobs))].append(times)
 
     torch_backend.TorchBackend._compute = timed  # type: ignore[method-assign]
@@ -102,16 +123,20 @@ def main() -> None:
     row, groups = timed_groups(point)
     ran = row["compute_cpu_share"]
     print(f"{args.policy}: {row['tokens_per_s']:.1f} tok/s, compute thread ran {ran:.0%}")
-    print("layer  jobs groups  wall ms   CPU ms  queue ms  other ms")
+    print("layer  jobs groups  wall ms   CPU ms  queue ms  other ms  blocked preempted")
     out, moe_cpu = [], {}
     for (entry, jobs), times in sorted(groups.items()):
         wall, cpu, queued = (statistics.median(t[i] for t in times) * 1e3 for i in range(3))
         other = max(0.0, wall - cpu - queued)
+        blocked, preempted = (statistics.fmean(t[i] for t in times) for i in (3, 4))
         layer = "entry" if entry else "MoE"
-        print(f"{layer:<6} {jobs:>4} {len(times):>6} {wall:>8.3f} {cpu:>8.3f} {queued:>9.3f} {other:>9.3f}")
+        print(
+            f"{layer:<6} {jobs:>4} {len(times):>6} {wall:>8.3f} {cpu:>8.3f} {queued:>9.3f} {other:>9.3f}"
+            f" {blocked:>8.1f} {preempted:>9.1f}"
+        )
         out.append(
             {"entry": entry, "jobs": jobs, "groups": len(times), "wall_ms": wall, "cpu_ms": cpu,
-             "queue_ms": queued, "other_ms": other}
+             "queue_ms": queued, "other_ms": other, "blocked": blocked, "preempted": preempted}
         )  # fmt: skip
         if not entry:
             moe_cpu[jobs] = cpu

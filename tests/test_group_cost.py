@@ -23,6 +23,18 @@ def load_script():  # type: ignore[no-untyped-def]
     return module
 
 
+def test_a_thread_that_sleeps_blocks_and_is_counted() -> None:
+    """The switch counts are this thread's: a sleep is one voluntary switch at least."""
+    import time
+
+    script = load_script()
+    before = script._switches()
+    if before == (0, 0):
+        pytest.skip("no per-thread rusage here")
+    time.sleep(0.001)
+    assert script._switches()[0] > before[0]
+
+
 def test_the_line_through_the_medians() -> None:
     script = load_script()
     assert script.fixed_and_per_job({1: 1.5, 2: 2.0, 4: 3.0}) == pytest.approx((1.0, 0.5))
@@ -42,8 +54,9 @@ def test_every_group_of_a_run_is_timed_and_the_backend_is_left_as_it_was(tmp_pat
     timed: dict[int, int] = {}
     for (_, jobs), times in groups.items():
         timed[jobs] = timed.get(jobs, 0) + len(times)
-        for wall, cpu, queued in times:
+        for wall, cpu, queued, blocked, preempted in times:
             assert 0 < cpu <= wall + 0.005 and 0 <= queued <= wall + 0.005  # two clocks: a tick apart
+            assert blocked >= 0 and preempted >= 0
     assert any(entry for entry, _ in groups) and any(not entry for entry, _ in groups)
     # every group the run computed (the row counts them by size, the entry layer's too) was timed once
     assert timed == {int(jobs): count for jobs, count in row["group_sizes"].items()}
