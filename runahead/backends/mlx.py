@@ -243,6 +243,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         """This wave's routed experts for every job (one gathered matmul per matrix over slot
         indices); finish the MoE of jobs whose last wave this is. Returns the rows and those jobs."""
         hidden_parts, normed_parts, slot_rows, weight_parts, masks = [], [], [], [], []
+        owned: dict[int, int] = {}  # expert -> its slot, for every job of the group
         for state, job in zip(states, jobs, strict=True):
             if state.hidden is None or state.weights is None or state.routing is None or state.normed is None:
                 raise RuntimeError(
@@ -250,7 +251,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
                 )
             single = not job.remaining and job.wave == 0
             wave = set(job.experts) if not single else None
-            slots, mask = self._slots(layer, state.routing, wave)
+            slots, mask = self._slots(layer, state.routing, wave, owned)
             hidden_parts.append(state.hidden)
             normed_parts.append(state.normed)
             slot_rows.append(slots)
@@ -289,18 +290,21 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         return _cat(outputs), final
 
     def _slots(
-        self, layer: int, routing: np.ndarray, wave: set[int] | None
+        self, layer: int, routing: np.ndarray, wave: set[int] | None, owned: dict[int, int]
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Slot indices ``[T, k]`` of a job's routing; with a ``wave``, a 0/1 mask of its pairs (pairs
-        outside it point at one of its slots and weigh 0)."""
-        experts = np.unique(routing).tolist() if wave is None else sorted(wave)
-        lookup = {int(e): self._owners.slot(ExpertKey(layer, int(e))) for e in experts}
+        outside it point at the slot of its lowest expert and weigh 0). ``owned``: expert -> slot,
+        shared by a group's jobs (one lookup an expert a group); only resident experts enter it."""
+        pairs = routing.ravel().tolist()
+        wanted = set(pairs) if wave is None else wave
+        for expert in wanted.difference(owned):
+            owned[expert] = self._owners.slot(ExpertKey(layer, expert))
         if wave is None:
-            return np.vectorize(lookup.__getitem__, otypes=[np.uint32])(routing), None
-        inside = np.isin(routing, list(wave))
-        fill = next(iter(lookup.values()))
-        slots = np.vectorize(lambda e: lookup.get(int(e), fill), otypes=[np.uint32])(routing)
-        return slots, inside.astype(np.float32)
+            return np.array([owned[e] for e in pairs], dtype=np.uint32).reshape(routing.shape), None
+        fill = owned[min(wave)]
+        slots = np.array([owned[e] if e in wave else fill for e in pairs], dtype=np.uint32)
+        inside = np.array([e in wave for e in pairs], dtype=np.float32)
+        return slots.reshape(routing.shape), inside.reshape(routing.shape)
 
     def _finish(self, layer: int, hidden: mx.array, kept: list[tuple[Job, _RequestState]]) -> list[JobResult]:
         """After the MoE: sample at the last layer, else the next layer's attention and gate."""
