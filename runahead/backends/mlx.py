@@ -57,9 +57,8 @@ class _RequestState:
     position: int = 0  # tokens already in the KV cache
     last_token: int | None = None
     hidden: mx.array | None = None  # [tokens, H] residual stream between jobs
-    ids: mx.array | None = None  # [tokens, k] experts the gate chose for the next MoE
     weights: mx.array | None = None  # [tokens, k] their routing weights
-    routing: np.ndarray | None = None  # ``ids`` on the host
+    routing: np.ndarray | None = None  # [tokens, k] experts the gate chose for the next MoE (host)
     normed: mx.array | None = None  # [tokens, H] what the next MoE's experts read (model.expert_input)
     products: mx.array | None = None  # [tokens, k, H] a waved job's weighted products so far
     logits: list[np.ndarray] = field(default_factory=list)
@@ -326,7 +325,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         guesses = np.array(guess) if guess is not None else None
         out = []
         for (job, state), (start, stop) in zip(kept, spans, strict=True):
-            state.hidden, state.ids, state.weights = hidden[start:stop], ids[start:stop], weights[start:stop]
+            state.hidden, state.weights = hidden[start:stop], weights[start:stop]
             state.routing, state.normed = routing[start:stop], normed[start:stop]
             predicted = distinct_experts(guesses[start:stop]) if guesses is not None else ()
             out.append(JobResult(job, distinct_experts(state.routing), predicted))
@@ -354,7 +353,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         out = []
         for row, (job, state) in enumerate(kept):
             state.position += job.num_tokens
-            state.hidden = state.normed = state.ids = state.weights = state.routing = None
+            state.hidden = state.normed = state.weights = state.routing = None
             if job.prefill and state.position < len(state.spec.prompt):
                 out.append(JobResult(job))
                 continue
