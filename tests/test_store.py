@@ -107,8 +107,16 @@ async def test_slots_equal_the_file_tensors(direct_dir: Path, kind: str, stacked
 def test_adjacent_ranges_of_an_expert_are_read_in_one_call(tmp_path: Path) -> None:
     layout, _ = model(tmp_path, "F32", stacked=False)
     with DiskStore(layout, direct=False) as store:
-        # save_file lays down/gate/up of one expert back to back: one read per expert
-        assert all(len(plan) == 1 and len(plan[0].parts) == 3 for plan in store._plans.values())
+        # save_file lays down/gate/up of one expert back to back: one read per expert; gate and up
+        # lie back to back in the slot too (gate | up | down): one copy, and down's another
+        offsets = layout.part_offsets(0)
+        (gate_lo, gate_hi), (up_lo, up_hi) = offsets["gate"], offsets["up"]
+        assert gate_hi == up_lo
+        for plan in store._plans.values():
+            assert len(plan) == 1 and len(plan[0].parts) == 2
+            down, joined = plan[0].parts
+            assert down[3:] == offsets["down"]
+            assert joined == ("F32", (up_hi - gate_lo) * 4, joined[2], gate_lo, up_hi)
 
 
 async def test_host_store_keeps_bf16_images(direct_dir: Path) -> None:

@@ -211,11 +211,18 @@ class _Read:
     path: str
     offset: int  # first byte of the run
     nbytes: int  # bytes of the run
-    parts: tuple[tuple[TensorRange, int, int, int], ...]  # (range, byte offset in run, slot start, slot stop)
+    parts: tuple[_Part, ...]  # each copy the run's bytes make into the slot
+
+
+_Part = tuple[str, int, int, int, int]
+"""One copy of a read into a slot: ``(file dtype, bytes, byte offset in the run, slot start, slot
+stop)``; ranges back to back both in the file and in the slot, of one dtype, are one part."""
 
 
 def _plan(layout: ExpertLayout, key: tuple[int, int]) -> tuple[_Read, ...]:
-    """Group expert ``key``'s ranges into reads: same file and back to back -> one read."""
+    """Group expert ``key``'s ranges into reads (same file and back to back -> one read), and each
+    read's ranges into copies (back to back in the slot too, one dtype -> one copy: a Qwen3-MoE
+    expert's gate and up lie so in both, so its read copies twice, not three times)."""
     ranges: Iterable[TensorRange] = layout.ranges[key]
     offsets = layout.part_offsets(key[0])
     reads: list[_Read] = []
@@ -224,8 +231,15 @@ def _plan(layout: ExpertLayout, key: tuple[int, int]) -> tuple[_Read, ...]:
     def flush() -> None:
         if run:
             start = run[0].offset
-            parts = tuple((r, r.offset - start, *offsets[r.role]) for r in run)
-            reads.append(_Read(run[0].path, start, run[-1].offset + run[-1].nbytes - start, parts))
+            parts: list[_Part] = []
+            for r in run:
+                lo, hi = offsets[r.role]
+                if parts and parts[-1][0] == r.dtype and parts[-1][4] == lo:
+                    dtype, nbytes, at, first, _ = parts[-1]  # this range follows the last part's
+                    parts[-1] = (dtype, nbytes + r.nbytes, at, first, hi)
+                else:
+                    parts.append((r.dtype, r.nbytes, r.offset - start, lo, hi))
+            reads.append(_Read(run[0].path, start, run[-1].offset + run[-1].nbytes - start, tuple(parts)))
             run.clear()
 
     for r in sorted(ranges, key=lambda r: (r.path, r.offset)):

@@ -188,8 +188,8 @@ def _copy_run(
 
     A byte (``uint8``) slot is a stored layout's: its ranges are copied as they are (quantized blocks).
     """
-    for r, at, lo, hi in run.parts:
-        dtype = torch.uint8 if slot.dtype == torch.uint8 else DTYPES[r.dtype]
-        src = torch.frombuffer(buf, dtype=dtype, count=r.nbytes // dtype.itemsize, offset=base + at)
+    for kind, nbytes, at, lo, hi in run.parts:
+        dtype = torch.uint8 if slot.dtype == torch.uint8 else DTYPES[kind]
+        src = torch.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=base + at)
         slot[lo:hi].copy_(src, non_blocking=non_blocking)
         del src  # release the buffer export before the buffer is reused or closed
