@@ -179,8 +179,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(
             f"the compute thread ran {statistics.median(ran['runahead']):.0%} of its time inside groups "
             f"under runahead, {statistics.median(ran['sync']):.0%} under sync (medians); the rest it waited, "
-            "mostly for a core: on a CPU, reads that overlap the compute take cores from it "
-            "(docs/results-torch.md)"
+            "mostly for the GIL: on a CPU, every read that lands beside a group takes the GIL from "
+            "the compute thread a few times (docs/results-torch.md)"
         )
     return 0 if same else 1
 
