@@ -295,6 +295,11 @@ class MoEModel(ExpertProducts, ModelDescription):
         w = self.weights
         return self.dense(attn, f"{layer}.o_proj", w.get(f"{layer}.o_proj.bias"))
 
+    def post_normed(self, layer: int, hidden: Tensor, normed: Tensor | None) -> Tensor:
+        """The post-attention norm of ``hidden`` (what the router and the shared expert of ``layer``
+        read): ``normed`` where the caller has it, else computed here."""
+        return self.norm(hidden, f"{layer}.post_norm") if normed is None else normed
+
     @torch.no_grad()
     def route(self, layer: int, hidden: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The gate of ``layer``: post-attention norm (``normed``, if the caller has it), then router
@@ -304,7 +309,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         in float32 over all experts, top-k, then renormalised over the k when ``norm_topk_prob``.
         """
         c = self.config
-        x = self.norm(hidden, f"{layer}.post_norm") if normed is None else normed
+        x = self.post_normed(layer, hidden, normed)
         probs = torch.softmax(self.dense(x, f"{layer}.router").float(), dim=-1)
         weights, ids = torch.topk(probs, c.top_k, dim=-1)
         if c.norm_topk_prob:
@@ -395,9 +400,8 @@ class MoEModel(ExpertProducts, ModelDescription):
     def moe_finish(self, layer: int, hidden: Tensor, out: Tensor, normed: Tensor | None = None) -> Tensor:
         """Close the MoE block: add the shared expert (if any) and the residual to the routed sum."""
         if self.config.shared_expert_size:  # the norm only where a shared expert reads it
-            if normed is None or not self.post_norm_feeds_all:
-                normed = self.norm(hidden, f"{layer}.post_norm")
-            shared = self.shared_expert(layer, normed)
+            x = self.post_normed(layer, hidden, normed if self.post_norm_feeds_all else None)
+            shared = self.shared_expert(layer, x)
             if shared is not None:
                 out = out + shared
         return hidden + out

@@ -143,7 +143,7 @@ class GptOssModel(GptOssDescription, MoEModel):
     @torch.no_grad()
     def route(self, layer: int, hidden: Tensor, normed: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Top-k of the router's logits (with its bias), softmaxed over just those k."""
-        x = self.norm(hidden, f"{layer}.post_norm") if normed is None else normed
+        x = self.post_normed(layer, hidden, normed)
         logits = self.dense(x, f"{layer}.router", self.weights[f"{layer}.router.bias"])
         top, ids = torch.topk(logits, self.config.top_k, dim=-1)
         return ids, torch.softmax(top, dim=-1)

@@ -259,7 +259,7 @@ class MLXModel:
         (mlx-lm's ``SwitchGLU`` over slot indices ``slots [T, k]``), and the dtype their sum takes
         (:func:`moe_sum`). Pairs outside the current wave carry weight 0 (and any resident slot).
         ``normed``: :meth:`expert_input` of ``hidden``, where the caller has it."""
-        x = mx.expand_dims(self.expert_input(layer, hidden) if normed is None else normed, (-2, -3))
+        x = self.switch_input(layer, hidden, normed)
         do_sort = slots.size >= 64
         idx, inv_order = slots, None
         if do_sort:
@@ -274,6 +274,11 @@ class MLXModel:
             y = mx.unflatten(y[inv_order], 0, slots.shape)
         y = y.squeeze(-2)
         return y * weights[..., None], y.dtype
+
+    def switch_input(self, layer: int, hidden: mx.array, normed: mx.array | None) -> mx.array:
+        """The routed experts' input ``[T, 1, 1, H]`` for the gathered products: ``normed`` where the
+        caller has it, else :meth:`expert_input` of ``hidden``."""
+        return mx.expand_dims(self.expert_input(layer, hidden) if normed is None else normed, (-2, -3))
 
     def expert_input(self, layer: int, hidden: mx.array) -> mx.array:
         """What the routed experts of ``layer`` read: the post-attention norm of ``hidden``."""

@@ -75,7 +75,7 @@ class GptOssMLX(MLXModel):
     ) -> tuple[mx.array, Any]:
         """The clamped-SwiGLU experts as stored, over slot indices: ``x @ gate_up + b``, then down."""
         c: Any = self.config
-        x = mx.expand_dims(self.expert_input(layer, hidden) if normed is None else normed, (-2, -3))
+        x = self.switch_input(layer, hidden, normed)
         gate_up = mx.gather_mm(x, pools["gate_up_t.weight"], rhs_indices=slots)
         gate_up = gate_up + pools["gate_up_bias.weight"][slots][..., None, :]
         gate = mx.minimum(gate_up[..., ::2], c.swiglu_limit)
