@@ -40,7 +40,6 @@ def measure(path: str, mode: str, reads: int, idle_s: float = 0.6) -> dict[str, 
     """One round of ``mode``: the reads (or ``idle_s`` of none) beside the compute-like thread."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
-    torch.set_num_threads(1)
     _, layout = load_model(path)
     store = DiskStore(layout)
     if mode == "preadv-only":
@@ -107,6 +106,7 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
+    torch.set_num_threads(1)  # one compute thread, as the torch backend runs on two cores
     path = resolve_model(args.model)
     for _ in range(args.rounds):
         for mode in args.mode.split(","):

@@ -3,31 +3,19 @@ left as it was, and the fixed / per-job split is the least-squares line of the m
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchhelpers import load_bench_script
 from modelhelpers import build_tiny_model
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "group_cost.py"
-
-
-def load_script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("group_cost", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["group_cost"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_thread_that_sleeps_blocks_and_is_counted() -> None:
     """The switch counts are this thread's: a sleep is one voluntary switch at least."""
     import time
 
-    script = load_script()
+    script = load_bench_script("group_cost")
     before = script._switches()
     if before == (0, 0):
         pytest.skip("no per-thread rusage here")
@@ -36,7 +24,7 @@ def test_a_thread_that_sleeps_blocks_and_is_counted() -> None:
 
 
 def test_the_line_through_the_medians() -> None:
-    script = load_script()
+    script = load_bench_script("group_cost")
     assert script.fixed_and_per_job({1: 1.5, 2: 2.0, 4: 3.0}) == pytest.approx((1.0, 0.5))
     assert script.fixed_and_per_job({3: 2.0}) is None  # one size: no line
 
@@ -45,7 +33,7 @@ def test_every_group_of_a_run_is_timed_and_the_backend_is_left_as_it_was(tmp_pat
     from runahead.backends.torch import TorchBackend
     from runahead.torchbench import TorchPoint
 
-    script = load_script()
+    script = load_bench_script("group_cost")
     compute = TorchBackend._compute
     path = build_tiny_model("qwen3_moe", tmp_path / "model")
     point = TorchPoint(str(path), "runahead", 3, 0.5, 3, warmup_steps=1, dtype="float32")

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchhelpers import load_bench_script
 from modelhelpers import build_tiny_model
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "read_gil.py"
-
-
-def load_script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("read_gil", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["read_gil"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_each_mode_reads_what_it_says_and_counts_the_compute_threads_blocks(tmp_path: Path) -> None:
-    script = load_script()
+    script = load_bench_script("read_gil")
     if not hasattr(script.resource, "RUSAGE_THREAD"):
         pytest.skip("no per-thread rusage here")
     path = str(build_tiny_model("qwen3_moe", tmp_path / "model"))

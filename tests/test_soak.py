@@ -8,26 +8,14 @@ figures are in docs/results-server.md.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from benchhelpers import load_bench_script
 from modelhelpers import build_tiny_model
-
-SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
-
-
-def load_soak():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_one_minute_soak(tmp_path: Path) -> None:
-    soak = load_soak()
+    soak = load_bench_script("soak")
     model = build_tiny_model("qwen3_moe", tmp_path / "model", num_experts=16)
     result = soak.run(str(model), minutes=1.0, clients=16, drop=0.2, seed=0, cache_fraction=0.3)
     assert result.errors == 0, result.error_samples
