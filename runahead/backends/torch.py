@@ -44,6 +44,7 @@ from runahead.backends.threads import threads_for
 from runahead.backends.torch_load import load_for_open
 from runahead.backends.waves import sums_with_waves
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
+from runahead.models.hostcopy import long_tensor
 from runahead.models.routing import ExpertRows
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 from runahead.store.base import check_link_bandwidth
@@ -101,6 +102,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         super().__init__()
         self._owners = SlotOwners()
         self._cuda = self.slots.device.type == "cuda"
+        model.use_slot_pool(self.slots.data)  # grouped expert products over the cache, where they pay
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
         self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
         self.compute_threads = torch.get_num_threads()  # torch's intra-op threads (``open`` sets them)
@@ -225,7 +227,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
                 for state, job in zip(states, jobs, strict=True)
                 for t in input_tokens(state.spec, state.position, state.last_token, job)
             ]
-            hidden = model.embed(self._to_device(tokens))
+            hidden = model.embed(long_tensor(tokens, self.slots.device))
             final = list(range(len(jobs)))
         else:
             hidden, final = self._moe(layer, jobs, states)
@@ -292,7 +294,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         model = self.model
         spans = row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
-            ends = self._to_device([stop - 1 for _, stop in spans])
+            ends = long_tensor([stop - 1 for _, stop in spans], self.slots.device)
             scored = self._score_prompts(kept, spans, hidden, readback)
             sampled = self._sample(kept, model.logits(hidden[ends]), readback)
             return lambda: (scored(), sampled())[1]
@@ -407,13 +409,6 @@ class TorchBackend(RequestLifecycle[_RequestState]):
                 slot = self._owners.slot_of.get(key)
                 if slot is not None:
                     self._fences[slot] = done
-
-    def _to_device(self, values: list[int]) -> torch.Tensor:
-        """A long tensor of ``values`` on the slots' device; on CUDA from pinned memory, not blocking."""
-        tensor = torch.tensor(values, dtype=torch.long)
-        if self._cuda:
-            return tensor.pin_memory().to(self.slots.device, non_blocking=True)
-        return tensor
 
     def _slot_tensor(self, key: ExpertKey) -> torch.Tensor:
         slot = self._owners.slot(key)

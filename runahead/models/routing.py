@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from runahead.models.hostcopy import long_tensor
+
 
 @dataclass(frozen=True, slots=True)
 class ExpertRows:
@@ -40,9 +42,7 @@ class ExpertRows:
                 spans[-1] = (e, spans[-1][1], i + 1)
             else:
                 spans.append((e, i, i + 1))
-        flat = torch.tensor([r for _, r, _ in pairs] + [k for _, _, k in pairs], dtype=torch.long)
-        if torch.device(device).type == "cuda":
-            flat = flat.pin_memory().to(device, non_blocking=True)
+        flat = long_tensor([r for _, r, _ in pairs] + [k for _, _, k in pairs], device)
         return cls(flat[: len(pairs)], flat[len(pairs) :], tuple(spans))
 
     @classmethod
