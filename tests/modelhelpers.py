@@ -287,6 +287,7 @@ def compare_with_transformers(
     slots: int = 8,
     store: str = "disk",
     chunk: int = 256,
+    grouped: bool | None = None,
 ) -> dict[str, Any]:
     """Run ``requests`` prompts at once through the runtime on ``device`` in ``dtype`` (``slots``
     cache slots, so experts are evicted and refetched) and ``transformers`` on the same device.
@@ -316,6 +317,8 @@ def compare_with_transformers(
         dtype=dtype,
         keep_logits=True,  # type: ignore[arg-type]
     )
+    if grouped is not None:  # the experts' grouped products over the slot pool, on or off (pooled.py)
+        backend.model.use_slot_pool(backend.slots.data, grouped=grouped)
     runtime = Runtime(backend, RuntimeConfig(cache_slots=slots, policy=policy, prefill_chunk=chunk))
     specs = [
         RequestSpec(i, tokens, prompt=tuple(p), sampling=SamplingParams(max_tokens=tokens))

@@ -61,10 +61,11 @@ def run(path: Path, *, policy: str, slots: int, chunk: int) -> tuple[dict[int, l
         backend.close()
 
 
-def test_compute_never_synchronises_the_device_implicitly(model: Path) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: grouped expert products on Hopper
+def test_compute_never_synchronises_the_device_implicitly(model: Path, dtype: str) -> None:
     """Inside a group's compute, no ``.item()`` / ``.tolist()`` / blocking copy: torch's sync debug
     mode turns any implicit synchronisation into an error. The one wait per group is an event's."""
-    backend = TorchBackend.open(str(model), cache_slots=8, device="cuda", store="host")
+    backend = TorchBackend.open(str(model), cache_slots=8, device="cuda", store="host", dtype=dtype)
     compute = backend._compute
 
     def strict(group):  # type: ignore[no-untyped-def]

@@ -32,6 +32,7 @@ from runahead.models.description import (
     MoEConfig,
     require,
 )
+from runahead.models.hostcopy import long_tensor
 from runahead.models.products import ExpertProducts, matrix_kind
 from runahead.models.routing import ExpertRows
 from runahead.models.state import KVLayer, LayerState, RequestState
@@ -385,6 +386,8 @@ class MoEModel(ExpertProducts, ModelDescription):
         gathered = x.index_select(0, routing.rows)
         y = self.stored_experts(layer, gathered, routing.spans, experts)
         if y is None:
+            y = self.pooled_experts(gathered, routing.spans, experts)
+        if y is None:
             parts = []
             for expert, start, stop in routing.spans:
                 slot = self.expert_weights(layer, experts[expert], x.dtype)
@@ -436,7 +439,7 @@ class MoEModel(ExpertProducts, ModelDescription):
             _, start, n = segments[0]
             return cos[start : start + n], sin[start : start + n]
         rows = [p for _, start, n in segments for p in range(start, start + n)]
-        at = torch.tensor(rows, device=self.device)
+        at = long_tensor(rows, self.device)
         return cos[at], sin[at]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import structlog
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,6 +24,9 @@ from torch import Tensor
 from runahead.models import qkernel
 from runahead.models.description import MoEConfig
 from runahead.models.layout import ExpertLayout, SlotFormat
+from runahead.models.pooled import PooledExperts, aligned, grouped_mm, pooled_by_default
+
+log = structlog.get_logger("runahead.models")
 
 WIDEN_MAX_WEIGHTS = 16 << 20
 """A stored resident matrix with more weights than this (64 MiB in float32: an LM head) is never
@@ -46,6 +50,7 @@ class ExpertProducts:
         """Matrices made from ``weights`` (no checkpoint holds them: a layer's q, k and v as one),
         multiplied by :meth:`dense` by key like the weights."""
         self._scratch: dict[torch.device, Tensor] = {}
+        self._pooled: PooledExperts | None = None
         self._stored_kinds: dict[int, str | None] = {}
         self._dense_kinds: dict[str, str] = {}
 
@@ -106,6 +111,38 @@ class ExpertProducts:
         :func:`~runahead.models.layout.kept_as_stored`)."""
         self.slot_formats = {layer: layout.slot_format(layer) for layer in range(layout.num_layers)}
         self._stored_kinds.clear()
+
+    def use_slot_pool(self, pool: Tensor, grouped: bool | None = None) -> None:
+        """Run a group's experts as two grouped products over the cache's slot ``pool`` (the
+        ``[num_slots, slot_numel]`` tensor of :class:`runahead.store.SlotPool`; :mod:`.pooled`) where
+        ``grouped`` says so: None for :func:`~runahead.models.pooled.pooled_by_default`. Only for
+        slots in the compute dtype of a model whose experts are :meth:`run_expert`'s, laid out on 16
+        bytes; elsewhere, and where torch has no grouped product, the call changes nothing."""
+        product = grouped_mm()
+        plain = type(self).run_expert is ExpertProducts.run_expert
+        wanted = pooled_by_default(pool.device, pool.dtype) if grouped is None else grouped
+        c = self.config
+        inter, hidden = c.intermediate_size, c.hidden_size
+        self._pooled = None
+        usable = plain and self.slot_formats is None and pool.is_floating_point()
+        if wanted and product is not None and usable and aligned(pool, inter, hidden):
+            self._pooled = PooledExperts(pool, inter, hidden, product)
+
+    def pooled_experts(
+        self, rows: Tensor, spans: Sequence[tuple[int, int, int]], experts: Mapping[int, Tensor]
+    ) -> Tensor | None:
+        """A group's experts as grouped products over the slot pool (:meth:`use_slot_pool`), or None
+        where that does not apply (then the caller loops over experts). Should torch refuse the
+        product (a device or layout it does not take), the loop takes over for good, with a warning."""
+        pooled = self._pooled
+        if pooled is None or not spans or rows.dtype != pooled.pool.dtype or self.slot_formats is not None:
+            return None
+        try:
+            return pooled.products(rows, spans, experts, self.glu)
+        except RuntimeError as err:  # torch checks shapes, strides and devices before it launches
+            log.warning("grouped expert products refused; looping over experts", error=str(err))
+            self._pooled = None
+            return None
 
     def stored_experts(
         self, layer: int, rows: Tensor, spans: Sequence[tuple[int, int, int]], experts: Mapping[int, Tensor]
