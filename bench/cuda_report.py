@@ -116,6 +116,33 @@ def targets(disk: list[dict[str, Any]], single: list[dict[str, Any]]) -> list[st
     return [*lines, ""]
 
 
+def profile_section(work: Path) -> list[str]:
+    """bench/cuda_profile.py's timings and device synchronisations (its tables: profile-tables.txt)."""
+    path = work / "profile" / "profile.json"
+    lines = ["## Where a group's time goes (`bench/cuda_profile.py`)", ""]
+    if not path.exists():
+        return [*lines, "- not measured (see the stages above)", ""]
+    found = json.loads(path.read_text())
+    lines += [
+        "Time inside the backend's compute call, per group, on the compute thread: wall and the thread's "
+        "own CPU (CPU close to wall: the host, not the GPU, sets the pace). Python's hot spots and "
+        "torch's op and CUDA-API tables are in the work folder's `profile/profile-tables.txt`.",
+        "",
+        "| run | tokens/s | groups | jobs a group | wall a group (us) | CPU a group (us) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, r in found.items():
+        if isinstance(r, dict) and "tokens_per_s" in r:
+            lines.append(
+                f"| {name} | {r['tokens_per_s']:.1f} | {r['groups']} | {r['jobs_per_group']:.2f} "
+                f"| {r['group_wall_us']:.0f} | {r['group_cpu_us']:.0f} |"
+            )
+    sites = found.get("sync sites") or {}
+    lines += ["", "Device synchronisations inside groups (torch's sync debug mode): " + ("none" if not sites else "")]
+    lines += [f"- {count} at {site}" for site, count in sites.items()]
+    return [*lines, ""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--work", type=Path, required=True)
@@ -137,7 +164,8 @@ def main() -> None:
     total = sum(seconds for _, seconds in ran.values())
     lines += [
         f"Written by `{args.command}` on {machine.get('date', '?')} in {total:.0f} s of stages. "
-        "Every figure below comes from this one run.",
+        "Every figure below comes from this one run. What each GPU run showed, and what changed "
+        "after it: [docs/cuda-runs.md](cuda-runs.md).",
         "",
         "## Machine",
         "",
@@ -195,7 +223,7 @@ def main() -> None:
     single = rows(work / "single" / "results.jsonl")
     lines += ["## Single request, every expert resident (`bench/single_request.py`)", ""]
     lines += [f"- {r['system']}: {r['tokens_per_s']:.1f} tokens/s" for r in single] or ["- not measured"]
-    lines += ["", *targets(disk, single)]
+    lines += ["", *profile_section(work), *targets(disk, single)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
