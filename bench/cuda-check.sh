@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 PY=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then  # wheels carried to a machine that cannot download (bench/cuda-wheels.sh)
+if [[ $DEVICE == cuda ]] && compgen -G ".whl/*.whl" >/dev/null; then  # carried to a GPU machine (bench/cuda-wheels.sh)
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .cuda-check/site .whl/*.whl \
     || { echo "installing the carried wheels failed" >&2; exit 3; }
   export PYTHONPATH="$PWD/.cuda-check/site${PYTHONPATH:+:$PYTHONPATH}"

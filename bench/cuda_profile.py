@@ -108,6 +108,23 @@ async def decode(runtime: Runtime, requests: int, tokens: int, vocab: int) -> fl
     return time.perf_counter() - start
 
 
+def call_cost(device: str, calls: int = 2000) -> float:
+    """Microseconds of host time one small torch call takes on ``device`` (an in-place add on a
+    1024-element tensor, launched ``calls`` times back to back): the unit a group's calls cost."""
+    x = torch.zeros(1024, device=device)
+    for _ in range(100):
+        x.add_(1.0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        x.add_(1.0)
+    elapsed = time.perf_counter() - start
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def top_python(profile: cProfile.Profile, limit: int = 30) -> str:
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(limit)
@@ -148,6 +165,9 @@ async def measure(args: argparse.Namespace) -> None:
         found[f"single: {name}"] = row = probe.row(args.tokens, seconds)
         print(f"single request, resident, {name}: {json.dumps(row)}", flush=True)
 
+    found["us per torch call"] = call_cost(args.device)
+    print(f"host time of one small torch call on {args.device}: {found['us per torch call']:.1f} us", flush=True)
+
     probe.reset(syncs=cuda)
     await decode(runtime, 2, 8, vocab)
     found["sync sites"] = dict(probe.syncs or {})
@@ -180,9 +200,9 @@ async def measure(args: argparse.Namespace) -> None:
     print(tables["ops-by-cuda"], flush=True)
     backend.close()
 
-    backend = TorchBackend.open(args.model, cache_fraction=0.3, device=args.device, dtype=dtype, store="host")
-    probe = Probe(backend)
-    for policy in ("sync", "runahead"):
+    for policy in ("sync", "runahead"):  # a backend a runtime: its slots belong to one cache
+        backend = TorchBackend.open(args.model, cache_fraction=0.3, device=args.device, dtype=dtype, store="host")
+        probe = Probe(backend)
         runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy=policy))
         await decode(runtime, args.concurrency, 4, vocab)  # warm-up
         probe.reset(profile=policy == "runahead")
@@ -194,7 +214,7 @@ async def measure(args: argparse.Namespace) -> None:
         if probe.profile is not None:
             tables[f"python-{args.concurrency}"] = top_python(probe.profile, 25)
             print(tables[f"python-{args.concurrency}"], flush=True)
-    backend.close()
+        backend.close()
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

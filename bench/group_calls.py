@@ -19,17 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import os
 from typing import Any
 
 os.environ["RUNAHEAD_QUANT_KERNEL"] = "off"  # before runahead loads the kernel: torch multiplies, as on a GPU
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from runahead.backends.torch import TorchBackend  # noqa: E402
-from runahead.jobs import RequestSpec  # noqa: E402
-from runahead.sampling import SamplingParams  # noqa: E402
-from runahead.torchbench import resolve_model, warm_resident  # noqa: E402
+from runahead.backends.torch import TorchBackend
+from runahead.jobs import RequestSpec
+from runahead.sampling import SamplingParams
+from runahead.torchbench import resolve_model, warm_resident
 
 
 class Calls(TorchDispatchMode):
@@ -71,6 +72,8 @@ def count(path: str, requests: int, grouped: bool, tokens: int = 8) -> tuple[flo
         asyncio.run(run())
     finally:
         backend.close()
+        del backend, inner, counted  # a model a count: let this one go before the next loads
+        gc.collect()
     return sum(totals.values()) / groups[0], totals
 
 
@@ -82,11 +85,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=0, help="also list the most called operators")
     args = parser.parse_args()
     path = resolve_model(args.model)
-    print(f"{'requests':>8} {'loop':>8} {'grouped':>8} {'grouped/loop':>12}   host ms a group at {args.us_per_call:g} us a call")
+    head = f"{'requests':>8} {'loop':>8} {'grouped':>8} {'grouped/loop':>12}"
+    print(f"{head}   host ms a group at {args.us_per_call:g} us a call")
     for n in (int(r) for r in args.requests.split(",")):
         (looped, _), (grouped, ops) = count(path, n, False), count(path, n, True)
         ms = args.us_per_call / 1e3
-        print(f"{n:>8} {looped:>8.1f} {grouped:>8.1f} {grouped / looped:>12.2f}   {looped * ms:.1f} -> {grouped * ms:.1f}")
+        ratio = grouped / looped
+        print(f"{n:>8} {looped:>8.1f} {grouped:>8.1f} {ratio:>12.2f}   {looped * ms:.1f} -> {grouped * ms:.1f}")
         for op, c in ops.most_common(args.top):
             print(f"{'':>10}{op:<40} {c / sum(ops.values()) * grouped:6.1f} a group")
 
