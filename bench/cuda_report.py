@@ -137,6 +137,8 @@ def profile_section(work: Path) -> list[str]:
                 f"| {name} | {r['tokens_per_s']:.1f} | {r['groups']} | {r['jobs_per_group']:.2f} "
                 f"| {r['group_wall_us']:.0f} | {r['group_cpu_us']:.0f} |"
             )
+    if "us per torch call" in found:
+        lines += ["", f"Host time of one small torch call there: {found['us per torch call']:.1f} us."]
     sites = found.get("sync sites") or {}
     lines += ["", "Device synchronisations inside groups (torch's sync debug mode): " + ("none" if not sites else "")]
     lines += [f"- {count} at {site}" for site, count in sites.items()]
