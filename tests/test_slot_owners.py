@@ -31,13 +31,17 @@ def test_a_slot_refilled_forgets_only_what_it_still_held() -> None:
     assert owners.slot(Y) == 2
 
 
-def test_a_slot_whose_expert_moved_away_holds_nothing() -> None:
+def test_an_expert_being_fetched_again_is_nowhere_until_it_lands() -> None:
+    """Its old slot's bytes may be overwritten any time now: neither slot counts until it lands."""
     owners = SlotOwners()
     owners.claim(X, 2)
     owners.filled(X, 2)
     owners.claim(X, 5)
-    owners.filled(X, 5)
+    with pytest.raises(RuntimeError, match="not resident"):
+        owners.slot(X)
     assert 2 not in owners.owner
+    owners.filled(X, 5)
+    assert owners.slot(X) == 5
     with pytest.raises(RuntimeError, match="not resident"):
         owners.slot(Y)
 

@@ -204,18 +204,19 @@ class SlotOwners:
         self.slot_of: dict[ExpertKey, int] = {}
 
     def claim(self, key: ExpertKey, slot: int) -> None:
-        """A fetch of ``key`` into ``slot`` starts: whatever the slot held is gone. (Only that: an
-        expert the slot once held that is now held by another slot stays where it is.)"""
+        """A fetch of ``key`` into ``slot`` starts: whatever the slot held is gone, and ``key`` is
+        nowhere until :meth:`filled` (a slot that held it before no longer counts). An expert the
+        slot once held that another slot holds now stays where it is."""
         previous = self.owner.get(slot)
         if previous is not None and self.slot_of.get(previous) == slot:
             del self.slot_of[previous]
+        before = self.slot_of.pop(key, None)
+        if before is not None and before != slot and self.owner.get(before) == key:
+            del self.owner[before]
         self.owner[slot] = key
 
     def filled(self, key: ExpertKey, slot: int) -> None:
-        """``key``'s bytes are in ``slot``; a slot that held it before no longer counts as holding it."""
-        before = self.slot_of.get(key)
-        if before is not None and before != slot and self.owner.get(before) == key:
-            del self.owner[before]
+        """``key``'s bytes are in ``slot``."""
         self.slot_of[key] = slot
 
     def slot(self, key: ExpertKey) -> int:
