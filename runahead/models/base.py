@@ -272,17 +272,17 @@ class MoEModel(ExpertProducts, ModelDescription):
             qk = apply_rope(joint, cos, sin)
             q, k = qk[:, : q.shape[1]], qk[:, q.shape[1] :]
         window = self.config.window(layer)
-        outputs, row = [], 0
-        for state, start, n in segments:
-            rows = slice(row, row + n)
-            keys, values, first = state.kv(layer).append(k[rows].transpose(0, 1), v[rows].transpose(0, 1))
-            query = q[rows].transpose(0, 1)
+        # Each run's rows as views, heads first, made by one call per tensor for the whole group (a
+        # torch call is host time, a launch on a GPU); the arithmetic is the per-run loop's.
+        sizes = [n for _, _, n in segments]
+        runs = zip(*(t.transpose(0, 1).split_with_sizes(sizes, dim=1) for t in (q, k, v)), strict=True)
+        outputs = []
+        for (state, start, n), (query, key, value) in zip(segments, runs, strict=True):
+            keys, values, first = state.kv(layer).append(key, value)
             mask = _mask(start, n, first, keys.shape[1], window, self.device)
-            out = self.attend(layer, query, keys, values, mask)
-            outputs.append(out.transpose(0, 1).reshape(n, -1))
-            row += n
-        attn = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-        return self.attention_output(layer, x, attn)
+            outputs.append(self.attend(layer, query, keys, values, mask))
+        heads = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # [heads, T, head_dim]
+        return self.attention_output(layer, x, heads.transpose(0, 1).reshape(x.shape[0], -1))
 
     def attend(self, layer: int, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
         """Scaled dot-product attention ``[heads, n, head_dim]`` of one run's queries over its keys."""
