@@ -44,7 +44,7 @@ from runahead.backends.threads import threads_for
 from runahead.backends.torch_load import load_for_open
 from runahead.backends.waves import sums_with_waves
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
-from runahead.models.hostcopy import long_tensor
+from runahead.models.hostcopy import int_tensor
 from runahead.models.routing import ExpertRows
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
 from runahead.store.base import check_link_bandwidth
@@ -227,7 +227,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
                 for state, job in zip(states, jobs, strict=True)
                 for t in input_tokens(state.spec, state.position, state.last_token, job)
             ]
-            hidden = model.embed(long_tensor(tokens, self.slots.device))
+            hidden = model.embed(int_tensor(tokens, self.slots.device))
             final = list(range(len(jobs)))
         else:
             hidden, final = self._moe(layer, jobs, states)
@@ -294,7 +294,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         model = self.model
         spans = row_spans([job for job, _ in kept])
         if layer == self.num_layers - 1:
-            ends = long_tensor([stop - 1 for _, stop in spans], self.slots.device)
+            ends = int_tensor([stop - 1 for _, stop in spans], self.slots.device)
             scored = self._score_prompts(kept, spans, hidden, readback)
             sampled = self._sample(kept, model.logits(hidden[ends]), readback)
             return lambda: (scored(), sampled())[1]

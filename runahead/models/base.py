@@ -32,7 +32,7 @@ from runahead.models.description import (
     MoEConfig,
     require,
 )
-from runahead.models.hostcopy import long_tensor
+from runahead.models.hostcopy import int_tensor
 from runahead.models.products import ExpertProducts, matrix_kind
 from runahead.models.routing import ExpertRows
 from runahead.models.state import KVLayer, LayerState, RequestState
@@ -439,7 +439,7 @@ class MoEModel(ExpertProducts, ModelDescription):
             _, start, n = segments[0]
             return cos[start : start + n], sin[start : start + n]
         rows = [p for _, start, n in segments for p in range(start, start + n)]
-        at = long_tensor(rows, self.device)
+        at = int_tensor(rows, self.device)
         return cos[at], sin[at]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 
-def long_tensor(
+def int_tensor(
     values: Sequence[int], device: torch.device | str, dtype: torch.dtype = torch.long
 ) -> torch.Tensor:
     """``values`` as an integer tensor (``dtype``, long unless told) on ``device``; on CUDA by a

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from runahead.models.hostcopy import long_tensor
+from runahead.models.hostcopy import int_tensor
 
 GroupedMM = Callable[..., Tensor]
 
@@ -105,11 +105,11 @@ class PooledExperts:
         counts = [0] * (last - first + 1)
         for slot, (_, start, stop) in zip(slots, spans, strict=True):
             counts[slot - first] = stop - start
-        offs = long_tensor(list(accumulate(counts)), rows.device, torch.int32)
+        offs = int_tensor(list(accumulate(counts)), rows.device, torch.int32)
         shuffled = order != sorted(order)
         where = None
         if shuffled:  # rows by slot: row i of the products is row where[i] of the group's
-            where = long_tensor([r for i in order for r in range(spans[i][1], spans[i][2])], rows.device)
+            where = int_tensor([r for i in order for r in range(spans[i][1], spans[i][2])], rows.device)
             rows = rows.index_select(0, where)
         inter, window = self.intermediate, slice(first, last + 1)
         gate_up = self.product(rows, self.gate_up[window], offs=offs)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from runahead.models.hostcopy import long_tensor
+from runahead.models.hostcopy import int_tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class ExpertRows:
                 spans[-1] = (e, spans[-1][1], i + 1)
             else:
                 spans.append((e, i, i + 1))
-        flat = long_tensor([r for _, r, _ in pairs] + [k for _, _, k in pairs], device)
+        flat = int_tensor([r for _, r, _ in pairs] + [k for _, _, k in pairs], device)
         return cls(flat[: len(pairs)], flat[len(pairs) :], tuple(spans))
 
     @classmethod
