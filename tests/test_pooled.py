@@ -58,12 +58,14 @@ def _moe(model: Any, pool: SlotPool, inputs: dict[str, Any], grouped: bool) -> t
 
 
 @pytest.mark.parametrize(("experts", "rows"), [(2, 1), (4, 3), (8, 9)])
-def test_grouped_products_equal_the_loop_over_experts(tiny: Path, experts: int, rows: int) -> None:
+def test_grouped_products_equal_the_loop_over_experts(
+    tiny: Path, experts: int, rows: int, grouped_calls: list[int]
+) -> None:
     model, pool, inputs = _group(tiny, experts, rows)
     looped = _moe(model, pool, inputs, grouped=False)
-    assert model._pooled is None
+    assert model._pooled is None and grouped_calls[0] == 0
     grouped = _moe(model, pool, inputs, grouped=True)
-    assert model._pooled is not None
+    assert grouped_calls[0] == 1, "the grouped path did not run"
     torch.testing.assert_close(grouped, looped, rtol=1e-6, atol=1e-6)
 
 
@@ -96,12 +98,29 @@ def test_a_group_takes_the_same_torch_calls_however_many_experts_it_routes_to(ti
     assert grouped[1] < looped[1] / 2, (grouped, looped)
 
 
+@pytest.fixture
+def grouped_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the groups the grouped path computed (the CPU kernel, where it applies, comes first)."""
+    calls = [0]
+    products = PooledExperts.products
+
+    def counted(self: PooledExperts, *args: Any, **kwargs: Any) -> torch.Tensor | None:
+        calls[0] += 1
+        return products(self, *args, **kwargs)
+
+    monkeypatch.setattr(PooledExperts, "products", counted)
+    return calls
+
+
 @pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gpt_oss"])
-def test_grouped_products_give_transformers_tokens(arch: str, tmp_path: Path) -> None:
+def test_grouped_products_give_transformers_tokens(
+    arch: str, tmp_path: Path, grouped_calls: list[int]
+) -> None:
     """Every architecture whose experts are the plain ``down(glu(gate, up))``: 4 requests, 8 slots
     (experts evicted, refetched, in whatever slot is free), two-token prompt chunks (waves)."""
     path = build_tiny_model(arch, tmp_path / arch)
     found = compare_with_transformers(path, tokens=8, chunk=2, grouped=True)
+    assert grouped_calls[0] > 0, "the grouped path never ran"
     assert found["tokens_equal"], found
     assert found["logit_error"] < 1e-4, found
 
@@ -150,3 +169,16 @@ def test_a_product_torch_refuses_hands_the_group_to_the_loop(tiny: Path) -> None
     out = model.moe_partial(0, inputs["hidden"], None, inputs["weights"], inputs["experts"], None, routing)
     torch.testing.assert_close(out, looped, rtol=0, atol=0)
     assert model._pooled is None
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gemma4"])
+def test_grouped_products_in_bfloat16_stay_as_close_to_float32_as_transformers_bfloat16(
+    arch: str, tmp_path: Path, grouped_calls: list[int]
+) -> None:
+    """The dtype the grouped path runs in on a GPU, here on CPU: ours no further from float32 than
+    transformers' own bfloat16 (the bound tests/test_cuda.py asks on the GPU)."""
+    path = build_tiny_model(arch, tmp_path / arch)
+    found = compare_with_transformers(path, dtype=torch.bfloat16, tokens=8, grouped=True)
+    assert grouped_calls[0] > 0, "the grouped path never ran"
+    assert found["logit_mean_error"] <= 1.5 * found["reference_mean_error"] + 1e-3, found
+    assert found["logit_error"] <= 4 * found["reference_error"] + 1e-2, found
