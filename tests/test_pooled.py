@@ -1,4 +1,5 @@
-"""A group's experts as grouped products over the slot pool (runahead/models/pooled.py).
+"""A group's experts as grouped products over the slot pool (runahead/models/pooled.py), and the
+other ways the GPU path cuts its torch calls.
 
 On CUDA this path is the default (tests/test_cuda.py runs it there); torch's grouped product also
 runs on CPU, so the same code is judged here: against the loop over experts, against transformers'
@@ -182,3 +183,15 @@ def test_grouped_products_in_bfloat16_stay_as_close_to_float32_as_transformers_b
     assert grouped_calls[0] > 0, "the grouped path never ran"
     assert found["logit_mean_error"] <= 1.5 * found["reference_mean_error"] + 1e-3, found
     assert found["logit_error"] <= 4 * found["reference_error"] + 1e-2, found
+
+
+@pytest.mark.parametrize("shape", [(1, 2048), (8, 2048), (3, 4, 128)])
+def test_the_accelerators_one_call_rms_norm_gives_the_five_calls_bits(shape: tuple[int, ...]) -> None:
+    """On a GPU the norm is torch's one ``F.rms_norm`` call (runahead/models/base.py): on CPU it
+    gives the very bits of the five-call form transformers uses, so only the GPU's own kernel can
+    round otherwise (there the tests judge by tolerance)."""
+    from runahead.models.base import fused_rms_norm
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 3
+    manual = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(fused_rms_norm(x, 1e-6), manual)

@@ -58,11 +58,23 @@ KVCache = RequestState
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm as transformers computes it (in float32, scaled after casting back)."""
+    """RMSNorm as transformers computes it (in float32, scaled after casting back).
+
+    On an accelerator the normalising is torch's one ``F.rms_norm`` call (a fused kernel on CUDA)
+    instead of five: there each call is host time and a launch (docs/cuda-runs.md). On CPU the five
+    calls stay: ``F.rms_norm`` gives the same bits there but measured slower (docs/tried.md)."""
     wide = x.dtype == torch.float32  # then no casts: each is a no-op op call (7 norms a layer)
     x32 = x if wide else x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if x.device.type == "cpu":
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        x32 = fused_rms_norm(x32, eps)
     return weight * (x32 if wide else x32.to(x.dtype))
+
+
+def fused_rms_norm(x32: Tensor, eps: float) -> Tensor:
+    """``x32 * rsqrt(mean(x32^2) + eps)`` over the last dimension of a float32 ``x32``, as one call."""
+    return F.rms_norm(x32, (x32.shape[-1],), None, eps)
 
 
 def _rotate_half(x: Tensor) -> Tensor:
