@@ -284,24 +284,23 @@ class MoEModel(ExpertProducts, ModelDescription):
             qk = apply_rope(joint, cos, sin)
             q, k = qk[:, : q.shape[1]], qk[:, q.shape[1] :]
         window = self.config.window(layer)
-        # Each run's rows as views, heads first, made by one call per tensor for the whole group (a
-        # torch call is host time, a launch on a GPU); the arithmetic is the per-run loop's.
+        # Each run's rows as views ``[1, heads, n, head_dim]``, the layout attention reads, made by
+        # one call per tensor for the whole group (a torch call is host time, a launch on a GPU);
+        # the arithmetic is the per-run loop's.
         sizes = [n for _, _, n in segments]
-        runs = zip(*(t.transpose(0, 1).split_with_sizes(sizes, dim=1) for t in (q, k, v)), strict=True)
+        runs = zip(*(t.transpose(0, 1)[None].split_with_sizes(sizes, dim=2) for t in (q, k, v)), strict=True)
         outputs = []
         for (state, start, n), (query, key, value) in zip(segments, runs, strict=True):
             keys, values, first = state.kv(layer).append(key, value)
-            mask = _mask(start, n, first, keys.shape[1], window, self.device)
+            mask = _mask(start, n, first, keys.shape[2], window, self.device)
             outputs.append(self.attend(layer, query, keys, values, mask))
-        heads = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # [heads, T, head_dim]
-        return self.attention_output(layer, x, heads.transpose(0, 1).reshape(x.shape[0], -1))
+        heads = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # [1, heads, T, head_dim]
+        return self.attention_output(layer, x, heads[0].transpose(0, 1).reshape(x.shape[0], -1))
 
     def attend(self, layer: int, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-        """Scaled dot-product attention ``[heads, n, head_dim]`` of one run's queries over its keys."""
-        out = F.scaled_dot_product_attention(
-            query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
-        )
-        return out[0]
+        """Scaled dot-product attention ``[1, heads, n, head_dim]`` of one run's queries over its keys
+        (``[1, kv_heads, stored, head_dim]``; ``mask``: ``[n, stored]``, True = attend)."""
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
 
     def attention_output(self, layer: int, x: Tensor, attn: Tensor) -> Tensor:
         """Output projection of the heads' outputs ``attn [T, heads * head_dim]`` (``x``: normed input)."""

@@ -266,15 +266,7 @@ class Gemma4Model(Gemma4Description, MoEModel):
 
     def attend(self, layer: int, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
         """Attention with unscaled scores (the q/k norms set their size)."""
-        out = F.scaled_dot_product_attention(
-            query.unsqueeze(0),
-            keys.unsqueeze(0),
-            values.unsqueeze(0),
-            attn_mask=mask,
-            enable_gqa=True,
-            scale=1.0,
-        )
-        return out[0]
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True, scale=1.0)
 
     def attention_output(self, layer: int, x: Tensor, attn: Tensor) -> Tensor:
         """``post_attention_norm(o_proj(attn))``."""

@@ -129,12 +129,12 @@ class GptOssModel(GptOssDescription, MoEModel):
 
     def attend(self, layer: int, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
         """Softmax attention with the layer's sinks: one extra logit per head, dropped after the softmax."""
-        repeat = query.shape[0] // keys.shape[0]
-        keys, values = keys.repeat_interleave(repeat, dim=0), values.repeat_interleave(repeat, dim=0)
-        scores = torch.matmul(query, keys.transpose(1, 2)) * query.shape[-1] ** -0.5
+        repeat = query.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(repeat, dim=1), values.repeat_interleave(repeat, dim=1)
+        scores = torch.matmul(query, keys.transpose(2, 3)) * query.shape[-1] ** -0.5
         if mask is not None:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        sinks = self.weights[f"{layer}.sinks"].view(-1, 1, 1).expand(-1, query.shape[1], 1)
+        sinks = self.weights[f"{layer}.sinks"].view(1, -1, 1, 1).expand(1, -1, query.shape[2], 1)
         logits = torch.cat([scores, sinks.to(scores.dtype)], dim=-1)
         logits = logits - logits.max(dim=-1, keepdim=True).values
         probs = torch.softmax(logits, dim=-1)[..., :-1]

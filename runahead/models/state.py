@@ -25,7 +25,9 @@ from torch import Tensor
 
 
 class KVLayer:
-    """One layer's keys and values ``[kv_heads, stored, head_dim]`` (a sliding window keeps the tail)."""
+    """One layer's keys and values ``[1, kv_heads, stored, head_dim]`` (a sliding window keeps the
+    tail). The leading dimension of one is the batch torch's attention reads: stored so, no call
+    adds it per request and group."""
 
     def __init__(
         self,
@@ -38,43 +40,44 @@ class KVLayer:
         window: int | None = None,
         value_dim: int | None = None,
     ) -> None:
-        self.keys = torch.empty((num_kv_heads, capacity, head_dim), dtype=dtype, device=device)
-        self.values = torch.empty((num_kv_heads, capacity, value_dim or head_dim), dtype=dtype, device=device)
+        shape = (1, num_kv_heads, capacity)
+        self.keys = torch.empty((*shape, head_dim), dtype=dtype, device=device)
+        self.values = torch.empty((*shape, value_dim or head_dim), dtype=dtype, device=device)
         self.window = window
         self.length = 0  # tokens entered (positions 0..length-1)
         self.first = 0  # position of the first key still stored
         self.stored = 0
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, int]:
-        """Append ``[kv_heads, n, dim]`` keys / values; return the stored keys, values, first position.
+        """Append ``[1, kv_heads, n, dim]`` keys / values; return the stored keys, values, first position.
 
         With a window, keys that no query from this chunk on can attend to (position
         ``<= start - window``) are dropped when the store would otherwise grow, so it stays near
         ``window + chunk`` long; callers mask by position, so keys kept a little longer are harmless.
         """
-        start, n = self.length, keys.shape[1]
-        if self.stored + n > self.keys.shape[1] and self.window is not None:
+        start, n = self.length, keys.shape[2]
+        if self.stored + n > self.keys.shape[2] and self.window is not None:
             drop = min(max(0, start - self.window + 1 - self.first), self.stored)
             if drop:
                 kept = self.stored - drop
-                self.keys[:, :kept] = self.keys[:, drop : self.stored].clone()
-                self.values[:, :kept] = self.values[:, drop : self.stored].clone()
+                self.keys[:, :, :kept] = self.keys[:, :, drop : self.stored].clone()
+                self.values[:, :, :kept] = self.values[:, :, drop : self.stored].clone()
                 self.first += drop
                 self.stored = kept
-        if self.stored + n > self.keys.shape[1]:
+        if self.stored + n > self.keys.shape[2]:
             self._grow(self.stored + n)
-        self.keys[:, self.stored : self.stored + n] = keys
-        self.values[:, self.stored : self.stored + n] = values
+        self.keys[:, :, self.stored : self.stored + n] = keys
+        self.values[:, :, self.stored : self.stored + n] = values
         self.stored += n
         self.length = start + n
-        return self.keys[:, : self.stored], self.values[:, : self.stored], self.first
+        return self.keys[:, :, : self.stored], self.values[:, :, : self.stored], self.first
 
     def _grow(self, needed: int) -> None:
-        capacity = max(needed, 2 * self.keys.shape[1])
-        keys = self.keys.new_empty((self.keys.shape[0], capacity, self.keys.shape[2]))
-        values = self.values.new_empty((self.values.shape[0], capacity, self.values.shape[2]))
-        keys[:, : self.stored] = self.keys[:, : self.stored]
-        values[:, : self.stored] = self.values[:, : self.stored]
+        capacity = max(needed, 2 * self.keys.shape[2])
+        keys = self.keys.new_empty((1, self.keys.shape[1], capacity, self.keys.shape[3]))
+        values = self.values.new_empty((1, self.values.shape[1], capacity, self.values.shape[3]))
+        keys[:, :, : self.stored] = self.keys[:, :, : self.stored]
+        values[:, :, : self.stored] = self.values[:, :, : self.stored]
         self.keys, self.values = keys, values
 
 
