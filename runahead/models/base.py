@@ -77,11 +77,6 @@ def fused_rms_norm(x32: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x32, (x32.shape[-1],), None, eps)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 DENSE_ROLES = frozenset(
     {
         *("q_proj", "k_proj", "v_proj", "o_proj", "q_gate", "lm_head"),
@@ -431,7 +426,8 @@ class MoEModel(ExpertProducts, ModelDescription):
         return self.inv_freq
 
     def rope_rows(self, layer: int, segments: Sequence[Segment], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos and sin ``[T, 1, rotary]`` (:func:`rope_tables`) for the rows of ``segments`` at ``layer``.
+        """cos and signed sin ``[T, 1, rotary]`` (:func:`rope_tables`) for the rows of ``segments`` at
+        ``layer``.
 
         Read from a table of every position up to the longest seen so far (per set of frequencies,
         grown by doubling), made by :func:`rope_tables` itself: each value is computed as it would
@@ -457,23 +453,29 @@ class MoEModel(ExpertProducts, ModelDescription):
 def rope_tables(
     positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """cos and sin ``[T, 1, 2 * len(inv_freq)]`` of the rotary embedding at ``positions``, in ``dtype``.
+    """cos and sin ``[T, 1, 2 * len(inv_freq)]`` of the rotary embedding at ``positions``, in ``dtype``,
+    the sin with its first half negated (:func:`apply_rope` rolls ``x`` instead of rotating its
+    halves: ``rotate_half(x) * sin`` is ``roll(x) * signed sin`` to the bit, one call instead of four).
 
     ``factor`` scales cos and sin (YaRN's attention factor; 1 otherwise).
     """
     freqs = positions[:, None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * factor).to(dtype)[:, None, :], (emb.sin() * factor).to(dtype)[:, None, :]
+    sin = emb.sin() * factor
+    half = freqs.shape[-1]
+    sin[:, :half] = -sin[:, :half]
+    return (emb.cos() * factor).to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of ``x [T, heads, head_dim]`` by :func:`rope_tables`' ``cos`` and ``sin``;
-    only their first dims rotate (a partial rotary keeps the rest as is)."""
+    """Rotary embedding of ``x [T, heads, head_dim]`` by :func:`rope_tables`' ``cos`` and signed
+    ``sin``: ``x * cos + rotate_half(x) * sin`` as transformers writes it; only their first dims
+    rotate (a partial rotary keeps the rest as is)."""
     rotary = cos.shape[-1]
     if rotary == x.shape[-1]:
-        return x * cos + _rotate_half(x) * sin
+        return x * cos + x.roll(rotary // 2, dims=-1) * sin
     turned, kept = x[..., :rotary], x[..., rotary:]
-    return torch.cat((turned * cos + _rotate_half(turned) * sin, kept), dim=-1)
+    return torch.cat((turned * cos + turned.roll(rotary // 2, dims=-1) * sin, kept), dim=-1)
 
 
 def _adjacent(q: Tensor, k: Tensor) -> Tensor | None:
