@@ -200,9 +200,9 @@ async def measure(args: argparse.Namespace) -> None:
     print(tables["ops-by-cuda"], flush=True)
     backend.close()
 
-    for policy in ("sync", "runahead"):  # a backend a runtime: its slots belong to one cache
-        backend = TorchBackend.open(args.model, cache_fraction=0.3, device=args.device, dtype=dtype, store="host")
-        probe = Probe(backend)
+    backend = TorchBackend.open(args.model, cache_fraction=0.3, device=args.device, dtype=dtype, store="host")
+    probe = Probe(backend)
+    for policy in ("sync", "runahead"):  # one backend, a runtime (an empty cache) a policy
         runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy=policy))
         await decode(runtime, args.concurrency, 4, vocab)  # warm-up
         probe.reset(profile=policy == "runahead")
@@ -214,7 +214,7 @@ async def measure(args: argparse.Namespace) -> None:
         if probe.profile is not None:
             tables[f"python-{args.concurrency}"] = top_python(probe.profile, 25)
             print(tables[f"python-{args.concurrency}"], flush=True)
-        backend.close()
+    backend.close()
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
