@@ -106,9 +106,10 @@ class PooledExperts:
         for slot, (_, start, stop) in zip(slots, spans, strict=True):
             counts[slot - first] = stop - start
         offs = int_tensor(list(accumulate(counts)), rows.device, torch.int32)
-        shuffled = order != sorted(order)
+        # The rows by slot where the slots are not in expert order: row i of the products is then
+        # row where[i] of the group's.
         where = None
-        if shuffled:  # rows by slot: row i of the products is row where[i] of the group's
+        if order != list(range(len(order))):
             where = int_tensor([r for i in order for r in range(spans[i][1], spans[i][2])], rows.device)
             rows = rows.index_select(0, where)
         inter, window = self.intermediate, slice(first, last + 1)

@@ -111,6 +111,7 @@ class ExpertProducts:
         :func:`~runahead.models.layout.kept_as_stored`)."""
         self.slot_formats = {layer: layout.slot_format(layer) for layer in range(layout.num_layers)}
         self._stored_kinds.clear()
+        self._pooled = None  # the grouped products read compute-dtype slots only
 
     def use_slot_pool(self, pool: Tensor, grouped: bool | None = None) -> None:
         """Run a group's experts as two grouped products over the cache's slot ``pool`` (the
@@ -135,7 +136,7 @@ class ExpertProducts:
         where that does not apply (then the caller loops over experts). Should torch refuse the
         product (a device or layout it does not take), the loop takes over for good, with a warning."""
         pooled = self._pooled
-        if pooled is None or not spans or rows.dtype != pooled.pool.dtype or self.slot_formats is not None:
+        if pooled is None or not spans or rows.dtype != pooled.pool.dtype:
             return None
         try:
             return pooled.products(rows, spans, experts, self.glu)
