@@ -21,28 +21,19 @@ import asyncio
 import collections
 import gc
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 os.environ["RUNAHEAD_QUANT_KERNEL"] = "off"  # before runahead loads the kernel: torch multiplies, as on a GPU
-
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from runahead.backends.torch import TorchBackend
 from runahead.jobs import RequestSpec
 from runahead.sampling import SamplingParams
 from runahead.torchbench import resolve_model, warm_resident
 
-
-class Calls(TorchDispatchMode):
-    """Counts the torch operators run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls[str(func)] += 1
-        return func(*args, **(kwargs or {}))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from modelhelpers import TorchCalls
 
 
 def count(path: str, requests: int, grouped: bool, tokens: int = 8) -> tuple[float, collections.Counter[str]]:
@@ -53,7 +44,7 @@ def count(path: str, requests: int, grouped: bool, tokens: int = 8) -> tuple[flo
     inner, totals, groups = backend._compute, collections.Counter[str](), [0]
 
     def counted(group: Any) -> Any:  # runs on the compute thread: the dispatch mode is that thread's
-        with Calls() as mode:
+        with TorchCalls() as mode:
             out = inner(group)
         totals.update(mode.calls)
         groups[0] += 1
@@ -72,8 +63,6 @@ def count(path: str, requests: int, grouped: bool, tokens: int = 8) -> tuple[flo
         asyncio.run(run())
     finally:
         backend.close()
-        del backend, inner, counted  # a model a count: let this one go before the next loads
-        gc.collect()
     return sum(totals.values()) / groups[0], totals
 
 
@@ -88,7 +77,10 @@ def main() -> None:
     head = f"{'requests':>8} {'loop':>8} {'grouped':>8} {'grouped/loop':>12}"
     print(f"{head}   host ms a group at {args.us_per_call:g} us a call")
     for n in (int(r) for r in args.requests.split(",")):
-        (looped, _), (grouped, ops) = count(path, n, False), count(path, n, True)
+        looped, _ = count(path, n, False)
+        gc.collect()  # a model a count (its compute hook holds it in a cycle): free it before the next loads
+        grouped, ops = count(path, n, True)
+        gc.collect()
         ms = args.us_per_call / 1e3
         ratio = grouped / looped
         print(f"{n:>8} {looped:>8.1f} {grouped:>8.1f} {ratio:>12.2f}   {looped * ms:.1f} -> {grouped * ms:.1f}")

@@ -7,11 +7,13 @@ with a small word-level tokenizer, so the folder loads offline like a hub checkp
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from runahead.models.base import KVCache, MoEModel
 from runahead.models.layout import ExpertLayout
@@ -375,3 +377,16 @@ def compare_with_transformers(
         "requests": len(prompts),
         "tokens": tokens,
     }
+
+
+class TorchCalls(TorchDispatchMode):
+    """Counts the torch operators run under it (``calls``, by operator): a group's host work on a GPU,
+    where each call is a launch (tests/test_pooled.py, bench/group_calls.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls[str(func)] += 1
+        return func(*args, **(kwargs or {}))

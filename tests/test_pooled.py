@@ -9,13 +9,11 @@ tokens for every architecture it applies to, and by how many torch calls a group
 from __future__ import annotations
 
 import random
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from runahead.models import load_model
 from runahead.models.loader import load_reference_slot
@@ -23,7 +21,7 @@ from runahead.models.pooled import PooledExperts, grouped_mm, pooled_by_default
 from runahead.models.routing import ExpertRows
 from runahead.store import SlotPool
 
-from modelhelpers import ARCHS, build_tiny_model, compare_with_transformers
+from modelhelpers import ARCHS, TorchCalls, build_tiny_model, compare_with_transformers
 
 pytestmark = pytest.mark.skipif(grouped_mm() is None, reason="this torch has no grouped matrix product")
 
@@ -70,20 +68,8 @@ def test_grouped_products_equal_the_loop_over_experts(
     torch.testing.assert_close(grouped, looped, rtol=1e-6, atol=1e-6)
 
 
-class _Calls(TorchDispatchMode):
-    """Counts the torch operators run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _calls(model: Any, pool: SlotPool, inputs: dict[str, Any], grouped: bool) -> int:
-    with _Calls() as mode:
+    with TorchCalls() as mode:
         _moe(model, pool, inputs, grouped)
     return sum(mode.calls.values())
 
