@@ -67,21 +67,18 @@ class Probe:
     def _watched(self, group: Any) -> Any:
         found = self.syncs
         assert found is not None
-        shown = warnings.showwarning
 
         def record(message: Any, *args: Any, **kwargs: Any) -> None:
             frames = [f for f in traceback.extract_stack()[:-1] if "runahead" in f.filename]
             found[" <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[-4:][::-1])] += 1
 
         torch.cuda.set_sync_debug_mode("warn")
-        warnings.showwarning = record
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # restores the filters and showwarning on the way out
                 warnings.simplefilter("always")
                 warnings.showwarning = record
                 return self.inner(group)
         finally:
-            warnings.showwarning = shown
             torch.cuda.set_sync_debug_mode("default")
 
     def row(self, tokens: int, seconds: float) -> dict[str, Any]:
