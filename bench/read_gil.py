@@ -6,11 +6,12 @@ call that gives the GIL up and takes it back) while the event loop reads experts
 reads' wall time, how often the compute thread blocked (voluntary context switches from
 ``getrusage(RUSAGE_THREAD)``: waits for the GIL) per read, and its CPU time a group.
 
-Modes: ``none`` (no reads: the group's own CPU), ``full`` (the store's reads as they are: ``preadv``
-into the reader's aligned buffer, then the copies into the slot), ``preadv-only`` (the same reads
-without the copies: what the copies add).
+Modes: ``none`` (no reads: the group's own CPU), ``full`` (the store's reads on its Python reader
+threads: ``preadv`` into the reader's aligned buffer, then the copies into the slot), ``preadv-only``
+(the same reads without the copies: what the copies add), ``native`` (the same reads and copies on
+the store's C threads, :mod:`runahead.store.native`: what the Python threads add).
 
-    RUNAHEAD_CACHE=<dir> python bench/read_gil.py --mode none,full,preadv-only --rounds 2
+    RUNAHEAD_CACHE=<dir> python bench/read_gil.py --mode none,full,preadv-only,native --rounds 2
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from runahead.models.loader import load_model
 from runahead.store.disk import DiskStore
 from runahead.torchbench import resolve_model
 
-MODES = ("none", "full", "preadv-only")
+MODES = ("none", "full", "preadv-only", "native")
 
 
 def _blocks() -> int:
@@ -41,7 +42,7 @@ def measure(path: str, mode: str, reads: int, idle_s: float = 0.6) -> dict[str, 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
     _, layout = load_model(path)
-    store = DiskStore(layout)
+    store = DiskStore(layout, native=mode == "native")
     if mode == "preadv-only":
         files = store._files
 

@@ -17,10 +17,10 @@ def test_each_mode_reads_what_it_says_and_counts_the_compute_threads_blocks(tmp_
     path = str(build_tiny_model("qwen3_moe", tmp_path / "model"))
     idle = script.measure(path, "none", 20, idle_s=0.05)
     assert idle["reads"] == 0 and idle["blocks_per_read"] is None and idle["groups"] > 0
-    for mode in ("full", "preadv-only"):
+    for mode in ("full", "preadv-only", "native"):
         row = script.measure(path, mode, 20)
         assert row["reads"] == 20 and row["wall_s"] > 0 and row["groups"] > 0
         assert row["blocks"] >= 0 and row["blocks_per_read"] == row["blocks"] / 20
         assert row["cpu_us_per_group"] > 0
-    with pytest.raises(ValueError, match="expected one of none, full, preadv-only"):
+    with pytest.raises(ValueError, match="expected one of none, full, preadv-only, native"):
         script.measure(path, "copies", 1)

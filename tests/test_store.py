@@ -23,12 +23,24 @@ from runahead.store import (
     StoreError,
     filesystem_type,
     make_store,
+    native,
 )
 
 from storehelpers import layout_from_safetensors, o_direct_dir, write_experts
 
 H, INTER, LAYERS, EXPERTS = 64, 32, 2, 4
 DTYPE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def readers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: stores reading on C threads (where the library builds here) and on Python
+    threads."""
+    if request.param == "python":
+        monkeypatch.setattr(native, "available", lambda: False)
+    elif not native.available():
+        pytest.skip("the native reader library does not build here")
+    return str(request.param)
 
 
 @pytest.fixture
@@ -223,11 +235,14 @@ async def test_open_refusal_is_logged(
 
 
 async def test_falls_back_when_o_direct_reads_fail_with_einval(
-    direct_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    direct_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, readers: str
 ) -> None:
     """Some filesystems (overlays, FUSE) take O_DIRECT at open and refuse the reads: the store
     reopens such a file buffered, says so once, and the read still delivers the right bytes."""
     import fcntl
+
+    if readers == "native":
+        pytest.skip("os.preadv is the Python threads' call; the C threads' EINVAL is tested below")
 
     layout, expected = model(direct_dir)
     real_preadv = os.preadv
@@ -247,6 +262,23 @@ async def test_falls_back_when_o_direct_reads_fail_with_einval(
         assert torch.equal(pool.slot(i), expected[key])
     warnings = [r for r in caplog.records if "EINVAL at read" in r.getMessage()]
     assert len(warnings) == len({r.path for rs in layout.ranges.values() for r in rs})  # once per file
+
+
+async def test_unaligned_o_direct_reads_fall_back_to_buffered(
+    direct_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real EINVAL, on either reader: O_DIRECT reads at offsets that are not block aligned (a store
+    told its alignment is 1 byte) are refused by the filesystem; the store reopens the files
+    buffered, says so once per file, and delivers the right bytes."""
+    layout, expected = model(direct_dir)
+    with caplog.at_level("WARNING", logger="runahead.store"), DiskStore(layout, alignment=1) as store:
+        assert store.direct
+        pool = await fill_all(store, layout)
+        assert not store.direct and "EINVAL at read" in store.direct_reason
+    for i, key in enumerate(sorted(layout.ranges)):
+        assert torch.equal(pool.slot(i), expected[key])
+    warnings = [r for r in caplog.records if "EINVAL at read" in r.getMessage()]
+    assert len(warnings) == len({r.path for rs in layout.ranges.values() for r in rs})
 
 
 async def test_model_on_an_overlay_filesystem(tmp_path: Path) -> None:

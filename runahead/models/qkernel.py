@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import os
 import platform
 import subprocess
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from runahead import native
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def load(name: str, source: Path = SOURCE) -> _Library | None:
     if name not in BUILDS:
         raise ValueError(f"kernel builds are {', '.join(BUILDS)}, not {name!r}")
     try:
-        library = _Library(str(_build((*FLAGS, *BUILDS[name]), source)))
+        library = _Library(str(native.build(source, (*FLAGS, *BUILDS[name]))))
     except (OSError, subprocess.SubprocessError) as error:
         log.info("quantized product kernel off: build failed (%s); stored experts are dequantized", error)
         return None
@@ -245,21 +245,3 @@ def _lacks(wanted: set[str]) -> str | None:
     flags = set(next(lines, "").split())
     missing = wanted - flags
     return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
-
-
-def _build(flags: Sequence[str], source: Path = SOURCE) -> Path:
-    """The shared library for ``source`` and ``flags``, compiled once per cache directory."""
-    compiler = os.environ.get("RUNAHEAD_CC", "cc")
-    text = source.read_bytes()
-    digest = hashlib.sha256(text + " ".join((compiler, *flags)).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("RUNAHEAD_CACHE", Path.home() / ".cache" / "runahead")) / "kernels"
-    target = cache / f"qkernel-{digest}.so"
-    if target.exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as scratch:
-        built = Path(scratch) / target.name
-        command = [compiler, *flags, str(source), "-o", str(built)]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
-        os.replace(built, target)  # atomic: a concurrent build of the same source writes the same file
-    return target

@@ -11,11 +11,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from queue import SimpleQueue
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from runahead.models.layout import ROLE_SETS, ExpertLayout, TensorRange, role_shape, stored_nbytes
+
+if TYPE_CHECKING:
+    from runahead.store.native import NativeReads, Plan
 
 DTYPES: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 """Safetensors dtype names the stores read, and their torch dtypes."""
@@ -409,9 +412,18 @@ class _Executor:
         pool = self.pool
         if pool is None or self.closing:
             raise StoreClosed("expert store is closed")
+        await self._land(lambda: pool.submit(fn, args), carries)
+
+    async def run_native(self, reads: NativeReads, plan: Plan, slot: int, carries: int = 0) -> None:
+        """:meth:`run` for a read on C threads: ``plan`` into the slot at address ``slot``."""
+        if self.closing:
+            raise StoreClosed("expert store is closed")
+        await self._land(lambda: reads.submit(plan, slot), carries)
+
+    async def _land(self, submit: Callable[[], asyncio.Future[None]], carries: int) -> None:
         loop = asyncio.get_running_loop()
         try:
-            fut = pool.submit(fn, args)
+            fut = submit()
         except RuntimeError:  # shut down between the check and the submit, from another thread
             raise StoreClosed("expert store is closed") from None
         done_at = None if self.link is None else self.link.reserve(carries, loop.time())

@@ -13,6 +13,7 @@ from runahead.models.layout import ExpertLayout
 from runahead.store.base import (
     ALIGNMENT,
     MEMORY_FILESYSTEMS,
+    StoreError,
     _check_slot,
     _CudaCopier,
     _Executor,
@@ -22,6 +23,7 @@ from runahead.store.base import (
     validate_layout,
 )
 from runahead.store.files import _copy_run, _FileReader
+from runahead.store.native import DirectRefused, Plan, file_plan, native_reads
 
 log = logging.getLogger("runahead.store")
 
@@ -41,6 +43,10 @@ class DiskStore:
     ``bytes_read`` counts the experts' payload bytes (the ranges' ``nbytes``); ``io_bytes`` the bytes
     actually read, alignment padding included. ``link_bandwidth`` (bytes per second): reads are paced
     to a serial link of that rate (:class:`~runahead.store.base.LinkCap`), their payload bytes each.
+
+    ``native``: reads into CPU slots run on C threads that never take the GIL
+    (:mod:`runahead.store.native`: the ``preadv`` and the copies, not the Python threads above);
+    None (default) where the library builds here, False never, True or an error saying why not.
     """
 
     def __init__(
@@ -50,6 +56,7 @@ class DiskStore:
         direct: bool = True,
         alignment: int = ALIGNMENT,
         link_bandwidth: float | None = None,
+        native: bool | None = None,
     ) -> None:
         validate_layout(layout)
         self.layout = layout
@@ -64,6 +71,8 @@ class DiskStore:
         )
         self._memory_backed = any(filesystem_type(path) in MEMORY_FILESYSTEMS for path in self._files.fds)
         self._executor = _Executor(queue_depth, "runahead-disk", link_bandwidth)
+        self._native = native_reads(queue_depth, self._files, native)
+        self._native_plans: dict[torch.dtype, dict[tuple[int, int], Plan]] = {}
         self._cuda = _CudaCopier()
         self._registered: set[int] = set()  # read buffers page-locked for DMA
         self._unpinnable: set[int] = set()
@@ -82,7 +91,12 @@ class DiskStore:
     @property
     def io_bytes(self) -> int:
         """Bytes read from the files, alignment padding included."""
-        return self._files.io_bytes
+        return self._files.io_bytes + (0 if self._native is None else self._native.io_bytes)
+
+    @property
+    def native(self) -> bool:
+        """True when reads into CPU slots run on C threads (:mod:`runahead.store.native`)."""
+        return self._native is not None
 
     @property
     def memory_backed(self) -> bool:
@@ -96,9 +110,31 @@ class DiskStore:
         if key not in self._plans:
             raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
         flat = _check_slot(self.layout, slot)
-        await self._executor.run(self._read_blocking, key, flat, after, carries=self._payload[key])
+        native, plan = self._native, None
+        if native is not None and flat.device.type == "cpu":
+            plan = self._native_plan(key, flat.dtype)
+        carries = self._payload[key]
+        if native is None or plan is None:
+            await self._executor.run(self._read_blocking, key, flat, after, carries=carries)
+        else:
+            try:
+                await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
+            except DirectRefused as refused:  # the filesystem took O_DIRECT at open, not at the read
+                if refused.path not in self._files.direct_paths:
+                    raise StoreError(f"{refused.path}: read failed: [Errno 22] Invalid argument") from None
+                native.set_file(refused.path, self._files.reopen_buffered(refused.path), direct=False)
+                await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
         self.bytes_read += self._payload[key]
         self.reads += 1
+
+    def _native_plan(self, key: tuple[int, int], dtype: torch.dtype) -> Plan | None:
+        plans = self._native_plans.get(dtype)
+        if plans is None:
+            assert self._native is not None
+            files = self._native.files
+            made = ((k, file_plan(reads, files, dtype)) for k, reads in self._plans.items())
+            plans = self._native_plans[dtype] = {k: p for k, p in made if p is not None}
+        return plans.get(key)
 
     def _read_blocking(self, key: tuple[int, int], slot: torch.Tensor, after: Any) -> None:
         stream = self._cuda.begin(slot.device, after) if slot.device.type == "cuda" else None
@@ -149,6 +185,8 @@ class DiskStore:
             return
         self._closed = True
         self._executor.shutdown()
+        if self._native is not None:
+            self._native.close()
         if self._registered:
             for ptr in self._registered:
                 torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
@@ -166,4 +204,6 @@ class DiskStore:
         if self.memory_backed:
             mode += ", memory-backed files"
         mode += _link_note(self._executor)
+        if self._native is not None:
+            mode += ", reads on C threads"
         return f"DiskStore({len(self._plans)} experts, queue_depth={self.queue_depth}, {mode})"

@@ -39,6 +39,7 @@ class _FileReader:
         self.io_bytes = 0  # bytes read from files, alignment padding included
         self._local = threading.local()
         self._buffers: list[mmap.mmap] = []
+        self._retired: list[int] = []  # O_DIRECT descriptors replaced by buffered ones
         self._lock = threading.Lock()
         o_direct = getattr(os, "O_DIRECT", 0)
         nocache = _F_NOCACHE if direct and not o_direct else None
@@ -79,17 +80,20 @@ class _FileReader:
             reason,
         )
 
-    def _reopen_buffered(self, path: str, fd: int) -> int:
-        """Replace the O_DIRECT descriptor ``fd`` of ``path`` by a buffered one (once, thread safe)."""
+    def reopen_buffered(self, path: str, fd: int | None = None) -> int:
+        """Replace ``path``'s O_DIRECT descriptor (``fd``, or whichever it has) by a buffered one (once,
+        thread safe); returns the buffered one. The old one stays open until :meth:`close`: another
+        thread may be about to read it."""
         with self._lock:
-            if path in self.direct_paths and self.fds.get(path) == fd:
+            old = self.fds.get(path)
+            if path in self.direct_paths and old is not None and fd in (None, old):
                 try:
                     buffered = os.open(path, os.O_RDONLY)
                 except OSError as exc:
                     raise StoreError(f"{path}: cannot reopen expert file for buffered reads: {exc}") from exc
                 self.fds[path] = buffered
                 self.direct_paths.discard(path)
-                os.close(fd)
+                self._retired.append(old)
                 self._refused(path, "read")
             return self.fds[path]
 
@@ -122,7 +126,7 @@ class _FileReader:
             try:
                 return self._read(fd, run, direct=True)
             except _DirectRefused:
-                fd = self._reopen_buffered(run.path, fd)
+                fd = self.reopen_buffered(run.path, fd)
         return self._read(fd, run, direct=False)
 
     def _read(self, fd: int, run: _Read, direct: bool) -> tuple[mmap.mmap, int]:
@@ -163,9 +167,10 @@ class _FileReader:
 
     def close(self) -> None:
         """Close the files and free the buffers. Idempotent."""
-        for fd in self.fds.values():
+        for fd in (*self.fds.values(), *self._retired):
             os.close(fd)
         self.fds.clear()
+        self._retired.clear()
         with self._lock:
             for buf in self._buffers:
                 buf.close()

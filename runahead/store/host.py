@@ -17,6 +17,7 @@ from runahead.store.base import (
     validate_layout,
 )
 from runahead.store.files import _copy_run, _FileReader
+from runahead.store.native import memory_plan, native_reads
 
 
 class HostStore:
@@ -32,6 +33,8 @@ class HostStore:
     ``bytes_read`` counts bytes copied out of the host image (the link traffic); with
     ``link_bandwidth`` (bytes per second) each copy is paced to a serial link of that rate
     (:class:`~runahead.store.base.LinkCap`), so host memory can stand in for a slower device link.
+    ``native``: copies into CPU slots of the image's dtype run on C threads, as
+    :class:`~runahead.store.disk.DiskStore`'s reads do (None: where available).
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class HostStore:
         pin_memory: bool | None = None,
         queue_depth: int = READS_IN_FLIGHT,
         link_bandwidth: float | None = None,
+        native: bool | None = None,
     ) -> None:
         validate_layout(layout)
         self.layout = layout
@@ -63,6 +67,13 @@ class HostStore:
             files.close()
         self._slot_bytes = layout.slot_numel * self.image.element_size()
         self._executor = _Executor(queue_depth, "runahead-host", link_bandwidth)
+        self._native = native_reads(queue_depth, None, native) if self.image.device.type == "cpu" else None
+        base, stride = self.image.data_ptr(), self._slot_bytes
+        self._native_plans = (
+            []
+            if self._native is None
+            else [memory_plan(base + i * stride, stride) for i in range(len(self._index))]
+        )
         self._cuda = _CudaCopier()
         self._closed = False
 
@@ -81,7 +92,14 @@ class HostStore:
         if key not in self._index:
             raise KeyError(f"expert ({layer}, {expert}) is not in the layout")
         flat = _check_slot(self.layout, slot)
-        await self._executor.run(self._copy_blocking, self._index[key], flat, after, carries=self._slot_bytes)
+        i = self._index[key]
+        native = self._native
+        if native is not None and flat.device.type == "cpu" and flat.dtype == self.dtype:
+            await self._executor.run_native(
+                native, self._native_plans[i], flat.data_ptr(), carries=self._slot_bytes
+            )
+        else:
+            await self._executor.run(self._copy_blocking, i, flat, after, carries=self._slot_bytes)
         self.bytes_read += self._slot_bytes
         self.reads += 1
 
@@ -104,6 +122,8 @@ class HostStore:
             return
         self._closed = True
         self._executor.shutdown()
+        if self._native is not None:
+            self._native.close()
 
     def __enter__(self) -> HostStore:
         return self

@@ -1,0 +1,331 @@
+"""Expert reads on C threads (``nativereads.c``): the stores' CPU path without Python reader threads.
+
+On CPython a Python reader thread takes the GIL several times a read (its queue, the ``preadv``'s
+return, each copy into the slot, the landing) and the event loop once more; a compute thread beside
+it gives the GIL up at every torch call, so each of those takes is a wait for the compute, about
+50 us of its CPU each (docs/results-torch.md, "GIL hand-offs"). Here the reads and the copies into
+the slot run on C threads that never touch the interpreter: a finished read goes on a list, the
+first one after the list was emptied writes one byte to a pipe, and the event loop, watching the
+pipe (``loop.add_reader``), takes every finished read in one callback. A read then costs Python one
+``submit`` call (the GIL held: no hand-off) and a share of one callback.
+
+A :class:`NativeReads` serves one store: its files (a :class:`~runahead.store.files._FileReader`'s
+descriptors, O_DIRECT where it opened them so) or its host image, and a :class:`Plan` per expert made
+once (:func:`file_plan`, :func:`memory_plan`). Slots on the CPU only: a CUDA slot's copy goes
+through a copy stream, on the Python path. The plan converts bfloat16 or float16 to float32 and
+float32 to bfloat16 as torch's ``copy_`` does (round to nearest even); another pair of types, or no C
+compiler, keeps the store on its Python reader threads. ``RUNAHEAD_NATIVE_READS=off`` does too (to compare).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import functools
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from runahead import native
+from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Read
+from runahead.store.files import _FileReader
+
+log = logging.getLogger("runahead.store")
+
+SOURCE = Path(__file__).with_name("nativereads.c")
+
+CONVERSIONS: dict[tuple[torch.dtype, torch.dtype], int] = {
+    (torch.float32, torch.float32): 0,
+    (torch.bfloat16, torch.bfloat16): 0,
+    (torch.float16, torch.float16): 0,
+    (torch.uint8, torch.uint8): 0,
+    (torch.bfloat16, torch.float32): 1,
+    (torch.float16, torch.float32): 2,
+    (torch.float32, torch.bfloat16): 3,
+}
+"""(file dtype, slot dtype) pairs the C copy handles, and its conversion code (``CONV_*``)."""
+
+SHORT = -1
+"""A completion's status when the file ended before the run did (``STATUS_SHORT``)."""
+
+DRAIN = 256
+"""Completions taken per C call when the loop drains."""
+
+
+class Plan:
+    """One expert's reads and copies as the C threads run them (``nativereads.c``, PLAN), made once.
+
+    ``runs``: the file runs it reads (empty for a copy from memory), for error messages.
+    """
+
+    __slots__ = ("address", "runs", "table")
+
+    def __init__(self, values: Sequence[int], runs: tuple[_Read, ...]) -> None:
+        self.table = (ctypes.c_int64 * len(values))(*values)
+        self.address = ctypes.addressof(self.table)
+        self.runs = runs
+
+
+def file_plan(reads: Sequence[_Read], files: dict[str, int], slot_dtype: torch.dtype) -> Plan | None:
+    """The plan for an expert read as ``reads`` (its runs, :func:`~runahead.store.base._plan`) from
+    the files numbered by ``files`` into a slot of ``slot_dtype``; None where a copy needs a
+    conversion the C threads do not make."""
+    values = [len(reads)]
+    for run in reads:
+        values += [files[run.path], run.offset, run.nbytes, len(run.parts)]
+        for kind, nbytes, at, lo, _ in run.parts:
+            source = torch.uint8 if slot_dtype == torch.uint8 else DTYPES[kind]
+            conversion = CONVERSIONS.get((source, slot_dtype))
+            if conversion is None:
+                return None
+            values += [conversion, at, lo * slot_dtype.itemsize, nbytes]
+    return Plan(values, tuple(reads))
+
+
+def memory_plan(address: int, nbytes: int) -> Plan:
+    """The plan that copies ``nbytes`` from ``address`` into a slot (the host store's image)."""
+    return Plan([1, -1, address, nbytes, 1, 0, 0, 0, nbytes], ())
+
+
+class DirectRefused(Exception):
+    """A read of ``path`` failed with EINVAL: if it was opened O_DIRECT, the filesystem took the flag
+    but not the read (the store reopens it buffered and reads again)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path}: read refused (EINVAL)")
+        self.path = path
+
+
+class NativeReads:
+    """``threads`` C reader threads over ``fds`` (path -> descriptor; ``direct``: those opened
+    O_DIRECT, read in ``alignment`` blocks into buffers of ``buffer_size`` bytes).
+
+    Raises ``OSError`` where the pool cannot start (use :func:`available` first).
+    """
+
+    def __init__(
+        self,
+        threads: int,
+        fds: dict[str, int],
+        direct: set[str],
+        alignment: int,
+        buffer_size: int,
+    ) -> None:
+        library = _library()
+        if library is None:
+            raise OSError(f"the native reader library is not available here: {_why_not()}")
+        self._lib, self._blocking = library
+        self.files = {path: i for i, path in enumerate(fds)}
+        count = len(fds)
+        descriptors = (ctypes.c_int * max(1, count))(*fds.values())
+        directs = (ctypes.c_int * max(1, count))(*(int(p in direct) for p in fds))
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)  # a full pipe already wakes the loop
+        handle = self._blocking.runahead_reads_open(
+            threads, count, descriptors, directs, alignment, max(buffer_size, alignment), self._wake_write
+        )
+        if not handle:
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            raise OSError("the native reader threads could not start")
+        self._handle = handle
+        self._waiting: dict[int, tuple[asyncio.Future[None], Plan]] = {}
+        self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._out = (ctypes.c_int64 * (3 * DRAIN))()
+        self._closed = False
+
+    @property
+    def io_bytes(self) -> int:
+        """Bytes read from the files by the C threads, alignment padding included."""
+        return 0 if self._closed else int(self._lib.runahead_reads_io_bytes(self._handle))
+
+    def set_file(self, path: str, fd: int, direct: bool) -> None:
+        """Point ``path``'s reads at ``fd`` (a buffered reopen after O_DIRECT was refused)."""
+        self._lib.runahead_reads_set_file(self._handle, self.files[path], fd, int(direct))
+
+    def submit(self, plan: Plan, slot: int) -> asyncio.Future[None]:
+        """Queue ``plan`` into the slot at address ``slot``; a future of the running loop, done when
+        the bytes are in the slot (RuntimeError once the pool is closed)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._watch(loop)
+        future: asyncio.Future[None] = loop.create_future()
+        job = self._next
+        self._next += 1
+        status = 1 if self._closed else self._lib.runahead_reads_submit(self._handle, job, plan.address, slot)
+        if status:
+            raise RuntimeError("the native read pool is shut down" if status < 0 else os.strerror(status))
+        self._waiting[job] = (future, plan)
+        return future
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Take completions on ``loop``, the last loop to submit. The one before gives the pipe up
+        unless it is running on another thread (then both drain; each future is settled on its own
+        loop)."""
+        old = self._loop
+        if old is not None and not old.is_closed() and not old.is_running():
+            old.remove_reader(self._wake_read)
+        loop.add_reader(self._wake_read, self._drain)
+        self._loop = loop
+
+    def _drain(self) -> None:
+        """On the loop: empty the pipe, then settle every finished read's future."""
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        out = self._out
+        while n := self._lib.runahead_reads_drain(self._handle, out, DRAIN):
+            for i in range(0, 3 * n, 3):
+                self._settle(out[i], out[i + 1], out[i + 2])
+            if n < DRAIN:
+                break
+
+    def _settle(self, job: int, status: int, detail: int) -> None:
+        future, plan = self._waiting.pop(job)
+        error = None if status == 0 else self._error(plan, status, detail)
+        loop = future.get_loop()
+        if loop.is_closed():
+            return  # nobody can await it any more
+        if loop is self._loop:
+            _resolve(future, error)
+        else:  # submitted on another loop that is still running elsewhere
+            loop.call_soon_threadsafe(_resolve, future, error)
+
+    @staticmethod
+    def _error(plan: Plan, status: int, detail: int) -> BaseException:
+        if not 0 <= detail < len(plan.runs):  # a copy from memory cannot fail but for want of memory
+            return OSError(status, os.strerror(status))
+        run = plan.runs[detail]
+        if status == SHORT:
+            try:
+                size = f"file has {os.stat(run.path).st_size} bytes"
+            except OSError as error:
+                size = f"cannot stat it: {error}"
+            return StoreError(
+                f"{run.path}: file is truncated: expected bytes {run.offset}..{run.offset + run.nbytes}, "
+                + size
+            )
+        if status == errno.EINVAL:
+            return DirectRefused(run.path)
+        return StoreError(
+            f"{run.path}: read of {run.nbytes} bytes at offset {run.offset} failed: "
+            f"[Errno {status}] {os.strerror(status)}"
+        )
+
+    def close(self) -> None:
+        """Let queued reads finish, stop the threads and settle what they finished. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._blocking.runahead_reads_close(self._handle)  # joins the threads: the GIL is let go
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and loop.is_running() and not _runs(loop):
+            loop.call_soon_threadsafe(self._finish)  # the loop's own thread settles and unregisters
+        else:
+            self._finish()
+
+    def _finish(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            self._drain()
+            loop.remove_reader(self._wake_read)
+        self._blocking.runahead_reads_free(self._handle)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+
+def _runs(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is the one running on this thread."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def native_reads(
+    threads: int, files: _FileReader | None = None, want: bool | None = None
+) -> NativeReads | None:
+    """C reader threads for a store reading ``files`` (None: one copying from memory only), or None:
+    where ``want`` is False, or None and they are not available here (the store reads on Python
+    threads). ``want`` True raises ``OSError`` where they are not."""
+    if want is False or (want is None and not available()):
+        return None
+    try:
+        if files is None:
+            return NativeReads(threads, {}, set(), ALIGNMENT, 0)
+        return NativeReads(
+            threads, dict(files.fds), set(files.direct_paths), files.alignment, files.buffer_size
+        )
+    except OSError as error:
+        if want:
+            raise
+        log.warning("native reads off for this store: %s; it reads on Python threads", error)
+        return None
+
+
+def available() -> bool:
+    """Whether stores read through C threads here (the library builds, and not turned off)."""
+    return _library() is not None
+
+
+@functools.cache
+def _library() -> tuple[ctypes.PyDLL, ctypes.CDLL] | None:
+    """The reader library twice: calls that keep the GIL (short, never block: submit, drain) and
+    calls that give it up (open, close: they start and join threads); None where it is off or cannot
+    be built, with the reason logged once."""
+    if os.environ.get("RUNAHEAD_NATIVE_READS", "on").lower() in ("off", "0", "false", "no"):
+        _REASON.append("RUNAHEAD_NATIVE_READS is off")
+        log.info("native reads off: RUNAHEAD_NATIVE_READS is off; stores read on Python threads")
+        return None
+    try:
+        path = str(native.build(SOURCE, ("-O2", "-shared", "-fPIC", "-pthread")))
+        keeping, blocking = ctypes.PyDLL(path), ctypes.CDLL(path)
+    except (OSError, subprocess.SubprocessError) as error:  # a missing compiler, a failed build or load
+        _REASON.append(f"the reader library did not build ({error})")
+        log.info("native reads off: %s; stores read on Python threads", _REASON[-1])
+        return None
+    _declare(keeping)
+    _declare(blocking)
+    return keeping, blocking
+
+
+_REASON: list[str] = []
+
+
+def _why_not() -> str:
+    return _REASON[-1] if _REASON else "unknown"
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    signatures: dict[str, tuple[list[object], object]] = {
+        "runahead_reads_open": ([i32, i32, pointer, pointer, i64, i64, i32], pointer),
+        "runahead_reads_submit": ([pointer, i64, pointer, pointer], i32),
+        "runahead_reads_drain": ([pointer, pointer, i64], i64),
+        "runahead_reads_set_file": ([pointer, i32, i32, i32], None),
+        "runahead_reads_io_bytes": ([pointer], i64),
+        "runahead_reads_close": ([pointer], None),
+        "runahead_reads_free": ([pointer], None),
+    }
+    for name, (arguments, result) in signatures.items():
+        function: Callable[..., object] = getattr(library, name)
+        function.argtypes = arguments  # type: ignore[attr-defined]
+        function.restype = result  # type: ignore[attr-defined]

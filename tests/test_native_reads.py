@@ -1,0 +1,214 @@
+"""The stores' C reader threads (:mod:`runahead.store.native`): exact type conversions, batched
+wake-ups, cancellation, closing with reads queued, one failed read among good ones, and the switch.
+
+The store tests (``tests/test_store.py``) run every store test on these threads and on the Python
+ones; this file holds what only the C threads do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runahead.store import DiskStore, HostStore, SlotPool, StoreError, native
+from runahead.store.base import StoreClosed
+from runahead.store.native import CONVERSIONS, NativeReads, Plan
+
+from storehelpers import layout_from_safetensors, o_direct_dir, write_experts
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason="the native reader library does not build here"
+)
+
+H, INTER, LAYERS, EXPERTS = 64, 32, 2, 8
+
+
+def model(directory: Path, hidden: int = H, inter: int = INTER):  # type: ignore[no-untyped-def]
+    paths, expected = write_experts(directory, hidden=hidden, inter=inter, layers=LAYERS, experts=EXPERTS)
+    return layout_from_safetensors(
+        paths, layers=LAYERS, experts=EXPERTS, hidden=hidden, inter=inter
+    ), expected
+
+
+def converted(source: torch.Tensor, target: torch.dtype, conversion: int) -> torch.Tensor:
+    """``source`` copied into a ``target`` tensor by the C threads' ``conversion`` (from memory)."""
+    out = torch.empty(source.numel(), dtype=target)
+    reads = NativeReads(1, {}, set(), 4096, 0)
+    plan = Plan([1, -1, source.data_ptr(), source.nbytes, 1, conversion, 0, 0, source.nbytes], ())
+
+    async def run() -> None:
+        await reads.submit(plan, out.data_ptr())
+
+    try:
+        asyncio.run(run())
+    finally:
+        reads.close()
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal bit for bit, except that any NaN matches any NaN (torch's vectorised and scalar
+    conversions give NaN different payloads themselves)."""
+    nan = a.isnan()
+    assert torch.equal(nan, b.isnan())
+    bits = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    assert torch.equal(a[~nan].view(bits), b[~nan].view(bits))
+
+
+@pytest.mark.parametrize("source", [torch.bfloat16, torch.float16])
+def test_every_half_width_value_widens_as_torch_does(source: torch.dtype) -> None:
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(source)
+    same_bits(converted(values, torch.float32, CONVERSIONS[source, torch.float32]), values.float())
+
+
+def test_float32_narrows_to_bfloat16_as_torch_does() -> None:
+    generator = torch.Generator().manual_seed(0)
+    random_bits = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), generator=generator, dtype=torch.int64)
+    ties = (
+        torch.arange(-(2**15), 2**15, dtype=torch.int64) << 16
+    ) | 0x8000  # exactly half-way, every high half
+    edges = torch.tensor(
+        [0.0, -0.0, 1e-45, -1e-45, 1.17e-38, 3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan")]
+    )
+    values = torch.cat(
+        [random_bits.to(torch.int32).view(torch.float32), ties.to(torch.int32).view(torch.float32), edges]
+    )
+    same_bits(
+        converted(values, torch.bfloat16, CONVERSIONS[torch.float32, torch.bfloat16]), values.bfloat16()
+    )
+
+
+async def test_a_float32_file_into_bfloat16_slots(tmp_path: Path) -> None:
+    layout, expected = model(tmp_path)
+    with DiskStore(layout) as store:
+        assert store.native
+        pool = SlotPool(len(layout.ranges), layout.slot_numel, dtype=torch.bfloat16)
+        keys = sorted(layout.ranges)
+        await asyncio.gather(*(store.read_into(*key, pool.slot(i)) for i, key in enumerate(keys)))
+    for i, key in enumerate(keys):
+        assert torch.equal(pool.slot(i), expected[key].bfloat16())
+
+
+async def test_reads_that_land_together_wake_the_loop_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout, expected = model(tmp_path)
+    drains = 0
+    drain = NativeReads._drain
+
+    def counted(self: NativeReads) -> None:
+        nonlocal drains
+        drains += 1
+        drain(self)
+
+    monkeypatch.setattr(NativeReads, "_drain", counted)
+    keys = sorted(layout.ranges)
+    pool = SlotPool(len(keys), layout.slot_numel)
+    with DiskStore(layout, queue_depth=4) as store:
+        tasks = [asyncio.create_task(store.read_into(*key, pool.slot(i))) for i, key in enumerate(keys)]
+        await asyncio.sleep(0)  # every read submitted
+        time.sleep(0.3)  # the loop busy while the C threads finish them all
+        await asyncio.gather(*tasks)
+        assert drains == 1  # closing drains once more
+    for i, key in enumerate(keys):
+        assert torch.equal(pool.slot(i), expected[key])
+
+
+async def test_cancelled_reads_leave_the_others_and_the_store_whole(tmp_path: Path) -> None:
+    """Reads queued behind one thread, half of them cancelled while queued: each cancelled read
+    returns only once its slot is written (nothing writes a slot after its read is given up), the
+    others deliver their bytes, and the store goes on reading."""
+    layout, expected = model(tmp_path, hidden=512, inter=256)
+    keys = sorted(layout.ranges)
+    pool = SlotPool(len(keys), layout.slot_numel)
+    with DiskStore(layout, queue_depth=1) as store:
+        tasks = [asyncio.create_task(store.read_into(*key, pool.slot(i))) for i, key in enumerate(keys)]
+        await asyncio.sleep(0)
+        for task in tasks[1::2]:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for i, (key, result) in enumerate(zip(keys, results, strict=True)):
+            if i % 2:
+                assert isinstance(result, asyncio.CancelledError)
+            else:
+                assert result is None
+            assert torch.equal(pool.slot(i), expected[key])  # cancelled ones too: written before returning
+        pool.data.zero_()
+        await store.read_into(*keys[1], pool.slot(1))
+        assert torch.equal(pool.slot(1), expected[keys[1]])
+
+
+async def test_a_failed_read_fails_alone(direct_dir_or_tmp: Path) -> None:
+    layout, expected = model(direct_dir_or_tmp)
+    keys = sorted(layout.ranges)
+    last = max(keys, key=lambda k: max(r.offset for r in layout.ranges[k]))
+    victim = layout.ranges[last][0].path
+    pool = SlotPool(len(keys), layout.slot_numel)
+    with DiskStore(layout) as store:
+        os.truncate(victim, max(r.offset for r in layout.ranges[last]) + 10)
+        results = await asyncio.gather(
+            *(store.read_into(*key, pool.slot(i)) for i, key in enumerate(keys)), return_exceptions=True
+        )
+    for i, (key, result) in enumerate(zip(keys, results, strict=True)):
+        if key == last:
+            assert isinstance(result, StoreError) and "truncated" in str(result) and victim in str(result)
+        elif layout.ranges[key][0].path != victim or max(
+            r.offset for r in layout.ranges[key]
+        ) < os.path.getsize(victim):
+            assert result is None and torch.equal(pool.slot(i), expected[key])
+
+
+async def test_closing_with_reads_queued_finishes_them_and_refuses_new_ones(tmp_path: Path) -> None:
+    layout, expected = model(tmp_path, hidden=512, inter=256)
+    keys = sorted(layout.ranges)
+    pool = SlotPool(len(keys), layout.slot_numel)
+    store = DiskStore(layout, queue_depth=1)
+    tasks = [asyncio.create_task(store.read_into(*key, pool.slot(i))) for i, key in enumerate(keys)]
+    await asyncio.sleep(0)
+    store.close()  # from the loop: the queued reads run, their futures settle
+    await asyncio.gather(*tasks)
+    for i, key in enumerate(keys):
+        assert torch.equal(pool.slot(i), expected[key])
+    with pytest.raises(StoreClosed):
+        await store.read_into(*keys[0], pool.slot(0))
+
+
+def test_one_store_serves_one_loop_after_another(tmp_path: Path) -> None:
+    layout, expected = model(tmp_path)
+    slot = SlotPool(1, layout.slot_numel).slot(0)
+    with DiskStore(layout) as disk, HostStore(layout) as host:
+        for store in (disk, host, disk, host):
+            slot.zero_()
+            asyncio.run(store.read_into(1, 3, slot))
+            assert torch.equal(slot, expected[(1, 3)])
+
+
+def test_the_switch_and_the_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    layout, _ = model(tmp_path)
+    with DiskStore(layout, native=False) as store:
+        assert not store.native and "C threads" not in repr(store)
+    with DiskStore(layout) as store:
+        assert store.native and "reads on C threads" in repr(store)
+    code = "from runahead.store import native; print(native.available())"
+    off = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "RUNAHEAD_NATIVE_READS": "off"},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert off.stdout.strip() == "False"
+    monkeypatch.setattr(native, "_library", lambda: None)
+    monkeypatch.setattr(native, "available", lambda: False)
+    with pytest.raises(OSError, match="not available here"):
+        DiskStore(layout, native=True)
+    with DiskStore(layout) as store:
+        assert not store.native
+
+
+@pytest.fixture
+def direct_dir_or_tmp(tmp_path: Path) -> Path:
+    return o_direct_dir(tmp_path) or tmp_path
