@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -37,3 +38,17 @@ def build(source: Path, flags: Sequence[str]) -> Path:
         subprocess.run(command, check=True, capture_output=True, timeout=120)
         os.replace(built, target)  # atomic: a concurrent build of the same source writes the same file
     return target
+
+
+def cpu_lacks(wanted: set[str]) -> str | None:
+    """Why a build needing the CPU features ``wanted`` (``/proc/cpuinfo`` flags) cannot run here, or None."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"CPU {platform.machine()} is not x86-64"
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "cannot read /proc/cpuinfo for the CPU's features"
+    lines = (line.split(":", 1)[1] for line in info.splitlines() if line.startswith("flags"))
+    flags = set(next(lines, "").split())
+    missing = wanted - flags
+    return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None

@@ -36,11 +36,16 @@ def model(directory: Path, hidden: int = H, inter: int = INTER):  # type: ignore
     ), expected
 
 
-def converted(source: torch.Tensor, target: torch.dtype, conversion: int) -> torch.Tensor:
-    """``source`` copied into a ``target`` tensor by the C threads' ``conversion`` (from memory)."""
+def converted(source: torch.Tensor, target: torch.dtype, conversion: int, piece: int = 0) -> torch.Tensor:
+    """``source`` copied into a ``target`` tensor by the C threads' ``conversion`` (from memory), in
+    one copy, or in copies of ``piece`` values each (too few for a vector pass: the scalar path)."""
     out = torch.empty(source.numel(), dtype=target)
+    n, size, wide = source.numel(), source.element_size(), out.element_size()
+    step = piece or n
+    parts = [(conversion, i * size, i * wide, min(step, n - i) * size) for i in range(0, n, step)]
+    values = [1, -1, source.data_ptr(), source.nbytes, len(parts)] + [v for part in parts for v in part]
     reads = NativeReads(1, {}, set(), 4096, 0)
-    plan = Plan([1, -1, source.data_ptr(), source.nbytes, 1, conversion, 0, 0, source.nbytes], ())
+    plan = Plan(values, ())
 
     async def run() -> None:
         await reads.submit(plan, out.data_ptr())
@@ -61,13 +66,15 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.equal(a[~nan].view(bits), b[~nan].view(bits))
 
 
+@pytest.mark.parametrize("piece", [0, 7], ids=["vector", "scalar"])
 @pytest.mark.parametrize("source", [torch.bfloat16, torch.float16])
-def test_every_half_width_value_widens_as_torch_does(source: torch.dtype) -> None:
+def test_every_half_width_value_widens_as_torch_does(source: torch.dtype, piece: int) -> None:
     values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(source)
-    same_bits(converted(values, torch.float32, CONVERSIONS[source, torch.float32]), values.float())
+    same_bits(converted(values, torch.float32, CONVERSIONS[source, torch.float32], piece), values.float())
 
 
-def test_float32_narrows_to_bfloat16_as_torch_does() -> None:
+@pytest.mark.parametrize("piece", [0, 7], ids=["vector", "scalar"])
+def test_float32_narrows_to_bfloat16_as_torch_does(piece: int) -> None:
     generator = torch.Generator().manual_seed(0)
     random_bits = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), generator=generator, dtype=torch.int64)
     ties = (

@@ -197,7 +197,7 @@ def test_the_build_follows_the_cpus_features_and_the_setting(mode: str, monkeypa
         set(),
     ):
         monkeypatch.setattr(
-            qkernel, "_lacks", lambda wanted, flags=flags: None if wanted <= flags else "lacks"
+            qkernel.native, "cpu_lacks", lambda wanted, flags=flags: None if wanted <= flags else "lacks"
         )
         monkeypatch.setattr(qkernel, "load", lambda name: type("Build", (), {"variant": name})())
         qkernel._library.cache_clear()

@@ -32,7 +32,6 @@ import ctypes
 import functools
 import logging
 import os
-import platform
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -202,11 +201,11 @@ def _library() -> _Library | None:
     if mode in ("off", "0", "false", "no"):
         log.info("quantized product kernel off: RUNAHEAD_QUANT_KERNEL is off; stored experts are dequantized")
         return None
-    why = "RUNAHEAD_QUANT_KERNEL is portable" if mode == "portable" else _lacks(CPU_FLAGS)
+    why = "RUNAHEAD_QUANT_KERNEL is portable" if mode == "portable" else native.cpu_lacks(CPU_FLAGS)
     if why:
         log.info("quantized product kernel: the portable build (%s)", why)
         return load("portable")
-    if mode != "avx2" and not _lacks(BF16_DOT_FLAGS):
+    if mode != "avx2" and not native.cpu_lacks(BF16_DOT_FLAGS):
         return load("avx512bf16") or load("avx2")  # a compiler without -mavx512bf16: the AVX2 build
     return load("avx2")
 
@@ -231,17 +230,3 @@ def load(name: str, source: Path = SOURCE) -> _Library | None:
     function.argtypes += [*[ctypes.c_void_p] * 3, ctypes.c_int]
     function.restype = ctypes.c_int
     return library
-
-
-def _lacks(wanted: set[str]) -> str | None:
-    """Why a build needing the CPU features ``wanted`` (``/proc/cpuinfo`` flags) cannot run here, or None."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"CPU {platform.machine()} is not x86-64"
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "cannot read /proc/cpuinfo for the CPU's features"
-    lines = (line.split(":", 1)[1] for line in info.splitlines() if line.startswith("flags"))
-    flags = set(next(lines, "").split())
-    missing = wanted - flags
-    return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None

@@ -50,6 +50,10 @@ CONVERSIONS: dict[tuple[torch.dtype, torch.dtype], int] = {
 }
 """(file dtype, slot dtype) pairs the C copy handles, and its conversion code (``CONV_*``)."""
 
+AVX2_FLAGS = {"avx2", "fma", "f16c"}
+"""CPU features (``/proc/cpuinfo``) for which the library is built with AVX2 (its conversions vectorise
+wider); elsewhere it is built for the compiler's baseline."""
+
 SHORT = -1
 """A completion's status when the file ended before the run did (``STATUS_SHORT``)."""
 
@@ -296,7 +300,8 @@ def _library() -> tuple[ctypes.PyDLL, ctypes.CDLL] | None:
         log.info("native reads off: RUNAHEAD_NATIVE_READS is off; stores read on Python threads")
         return None
     try:
-        path = str(native.build(SOURCE, ("-O2", "-shared", "-fPIC", "-pthread")))
+        vector = () if native.cpu_lacks(AVX2_FLAGS) else ("-mavx2", "-mfma", "-mf16c")
+        path = str(native.build(SOURCE, ("-O3", "-shared", "-fPIC", "-pthread", *vector)))
         keeping, blocking = ctypes.PyDLL(path), ctypes.CDLL(path)
     except (OSError, subprocess.SubprocessError) as error:  # a missing compiler, a failed build or load
         _REASON.append(f"the reader library did not build ({error})")
