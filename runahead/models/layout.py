@@ -25,7 +25,7 @@ description.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 ROLES = (
     "gate", "up", "down", "gate_up", "gate_up_t", "down_t",
@@ -171,6 +171,12 @@ class ExpertLayout:
     ranges: dict[tuple[int, int], tuple[TensorRange, ...]]  # (layer, expert) -> its ranges
     biases: bool = False  # slots end with the gate_up and down biases (gpt-oss)
     stored: bool = False  # slots hold the experts' bytes as stored (uint8 slots, see SlotFormat)
+    _slot_numel: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        # Counted once: the stores check every read's slot against it, and a stored layout's count
+        # walks every layer's slot format (~250 us for 16 layers, on the event loop at every read).
+        object.__setattr__(self, "_slot_numel", self._count_slot_numel())
 
     def slot_format(self, layer: int) -> SlotFormat:
         """The stored slot format of ``layer``'s experts (a ``stored`` layout only)."""
@@ -181,6 +187,9 @@ class ExpertLayout:
     @property
     def slot_numel(self) -> int:
         """Elements in one slot: gate + up + down (+ the biases); bytes of the largest layer's when stored."""
+        return self._slot_numel
+
+    def _count_slot_numel(self) -> int:
         if self.stored:
             return max(self.slot_format(layer).nbytes for layer in range(self.num_layers))
         extra = 2 * self.intermediate_size + self.hidden_size if self.biases else 0

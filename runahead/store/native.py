@@ -131,8 +131,16 @@ class NativeReads:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)  # a full pipe already wakes the loop
+        nice = int(os.environ.get("RUNAHEAD_READER_NICE", "0"))
         handle = self._blocking.runahead_reads_open(
-            threads, count, descriptors, directs, alignment, max(buffer_size, alignment), self._wake_write
+            threads,
+            nice,
+            count,
+            descriptors,
+            directs,
+            alignment,
+            max(buffer_size, alignment),
+            self._wake_write,
         )
         if not handle:
             os.close(self._wake_read)
@@ -322,7 +330,7 @@ def _why_not() -> str:
 def _declare(library: ctypes.CDLL) -> None:
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures: dict[str, tuple[list[object], object]] = {
-        "runahead_reads_open": ([i32, i32, pointer, pointer, i64, i64, i32], pointer),
+        "runahead_reads_open": ([i32, i32, i32, pointer, pointer, i64, i64, i32], pointer),
         "runahead_reads_submit": ([pointer, i64, pointer, pointer], i32),
         "runahead_reads_drain": ([pointer, pointer, i64], i64),
         "runahead_reads_set_file": ([pointer, i32, i32, i32], None),
