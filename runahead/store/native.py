@@ -330,7 +330,7 @@ def _why_not() -> str:
 def _declare(library: ctypes.CDLL) -> None:
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures: dict[str, tuple[list[object], object]] = {
-        "runahead_reads_open": ([i32, i32, i32, pointer, pointer, i64, i64, i32], pointer),
+        "runahead_reads_open": ([i32, i32, pointer, pointer, i64, i64, i32], pointer),
         "runahead_reads_submit": ([pointer, i64, pointer, pointer], i32),
         "runahead_reads_drain": ([pointer, pointer, i64], i64),
         "runahead_reads_set_file": ([pointer, i32, i32, i32], None),

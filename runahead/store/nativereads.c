@@ -26,10 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#endif
 #ifdef __F16C__
 #include <immintrin.h>
 #endif
@@ -58,7 +54,7 @@ typedef struct {
     int signalled;       /* a byte is in the pipe for completions not yet drained */
     int closing;
     int wake_fd;
-    int nthreads, nice;
+    int nthreads;
     pthread_t *threads;
     int nfiles;
     int *fds;
@@ -166,9 +162,6 @@ static int64_t run_job(pool_t *pool, char *buffer, const job_t *job, int64_t *de
 static void *serve(void *arg) {
     pool_t *pool = arg;
     char *buffer = NULL;
-#ifdef __linux__ /* a reader yields the core to the compute and the event loop (Linux: nice is per thread) */
-    if (pool->nice) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), pool->nice);
-#endif
     size_t align = pool->alignment > 4096 ? (size_t)pool->alignment : 4096; /* a page at least */
     if (posix_memalign((void **)&buffer, align, (size_t)pool->buffer_size)) buffer = NULL;
     for (;;) {
@@ -200,14 +193,12 @@ static void *serve(void *arg) {
     return NULL;
 }
 
-/* A pool of `nthreads` readers at `nice` over `nfiles` descriptors; completions wake `wake_fd`. NULL on
-   failure. */
-void *runahead_reads_open(int nthreads, int nice, int nfiles, const int *fds, const int *direct,
-                          int64_t alignment, int64_t buffer_size, int wake_fd) {
+/* A pool of `nthreads` readers over `nfiles` descriptors; completions wake `wake_fd`. NULL on failure. */
+void *runahead_reads_open(int nthreads, int nfiles, const int *fds, const int *direct, int64_t alignment,
+                          int64_t buffer_size, int wake_fd) {
     pool_t *pool = calloc(1, sizeof(pool_t));
     if (!pool) return NULL;
     pool->nthreads = nthreads;
-    pool->nice = nice;
     pool->nfiles = nfiles;
     pool->alignment = alignment;
     pool->buffer_size = buffer_size;
