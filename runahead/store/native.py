@@ -131,16 +131,8 @@ class NativeReads:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)  # a full pipe already wakes the loop
-        nice = int(os.environ.get("RUNAHEAD_READER_NICE", "0"))
         handle = self._blocking.runahead_reads_open(
-            threads,
-            nice,
-            count,
-            descriptors,
-            directs,
-            alignment,
-            max(buffer_size, alignment),
-            self._wake_write,
+            threads, count, descriptors, directs, alignment, max(buffer_size, alignment), self._wake_write
         )
         if not handle:
             os.close(self._wake_read)
