@@ -219,3 +219,30 @@ def test_the_switch_and_the_refusal(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.fixture
 def direct_dir_or_tmp(tmp_path: Path) -> Path:
     return o_direct_dir(tmp_path) or tmp_path
+
+
+def test_the_readers_summary_reads_the_kept_rows_and_refuses_rows_whose_tokens_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import shutil
+
+    from benchhelpers import BENCH, load_bench_script
+
+    script = load_bench_script("native_reads_summary")
+    kept = BENCH / "results" / "native-reads"
+    monkeypatch.setattr(sys, "argv", ["native_reads_summary", str(kept)])
+    script.main()
+    table = [
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert len(table) == 1 + 16  # header, then 3 points x (3 or 2 policies) x 2 readers
+    assert sum("| C threads |" in line for line in table) == 8
+    copy = tmp_path / "rows"
+    shutil.copytree(kept / "host50-on-1", copy / "host50-on-1")
+    rows = [json.loads(line) for line in (copy / "host50-on-1" / "results.jsonl").read_text().splitlines()]
+    rows[-1]["token_digest"] = "not sync's"
+    (copy / "host50-on-1" / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    monkeypatch.setattr(sys, "argv", ["native_reads_summary", str(copy)])
+    with pytest.raises(ValueError, match="tokens differ"):
+        script.main()

@@ -1,0 +1,64 @@
+"""Summarise ``bench/native-reads-ab.sh``'s rows: per point, policy and reader, tokens/s of each round,
+then medians of runahead / sync, the overlap limit of sync's row and the share of the possible gain,
+the compute thread's share of its group time, compute and link ms a step.
+
+    python bench/native_reads_summary.py bench/results/native-reads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    args = parser.parse_args()
+    rows: dict[tuple[str, str, str], list[tuple[float, ...]]] = defaultdict(list)
+    for path in sorted(args.folder.glob("*-*-*/results.jsonl")):
+        found = re.fullmatch(r"(.+)-(on|off)-(\d+)", path.parent.name)
+        if found is None:
+            continue
+        point, mode, _ = found.groups()
+        by_policy = {row["policy"]: row for row in map(json.loads, path.read_text().splitlines())}
+        sync = by_policy["sync"]
+        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+        for policy, row in by_policy.items():
+            ratio = row["tokens_per_s"] / sync["tokens_per_s"]
+            same = float(row["token_digest"] == sync["token_digest"])
+            share = (ratio - 1) / (limit - 1)
+            cells = (
+                row["tokens_per_s"],
+                ratio,
+                limit,
+                share,
+                row["compute_cpu_share"],
+                row["compute_s"],
+                row["fetch_s"],
+                same,
+            )
+            rows[point, policy, mode].append(cells)
+    print("| point | policy | readers | tok/s by round | x sync | limit | share | thread ran | C / F ms a step |")
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for (point, policy, mode), cells in sorted(rows.items()):
+
+        def med(i: int, cells: list[tuple[float, ...]] = cells) -> float:
+            return statistics.median(c[i] for c in cells)
+
+        if not all(c[7] for c in cells):
+            raise ValueError(f"{point} {policy} {mode}: tokens differ from sync's")
+        rounds = " / ".join(f"{c[0]:.1f}" for c in cells)
+        readers = "C threads" if mode == "on" else "Python threads"
+        print(
+            f"| {point} | {policy} | {readers} | {rounds} | {med(1):.2f} | {med(2):.2f} | {med(3) * 100:.0f}% | "
+            f"{med(4) * 100:.0f}% | {med(5) * 1e3:.1f} / {med(6) * 1e3:.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
