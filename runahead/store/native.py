@@ -144,11 +144,12 @@ class NativeReads:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._out = (ctypes.c_int64 * (3 * DRAIN))()
         self._closed = False
+        self._final_io = 0
 
     @property
     def io_bytes(self) -> int:
         """Bytes read from the files by the C threads, alignment padding included."""
-        return 0 if self._closed else int(self._lib.runahead_reads_io_bytes(self._handle))
+        return self._final_io if self._closed else int(self._lib.runahead_reads_io_bytes(self._handle))
 
     def set_file(self, path: str, fd: int, direct: bool) -> None:
         """Point ``path``'s reads at ``fd`` (a buffered reopen after O_DIRECT was refused)."""
@@ -163,7 +164,9 @@ class NativeReads:
         future: asyncio.Future[None] = loop.create_future()
         job = self._next
         self._next += 1
-        status = 1 if self._closed else self._lib.runahead_reads_submit(self._handle, job, plan.address, slot)
+        if self._closed:
+            raise RuntimeError("the native read pool is shut down")
+        status = self._lib.runahead_reads_submit(self._handle, job, plan.address, slot)
         if status:
             raise RuntimeError("the native read pool is shut down" if status < 0 else os.strerror(status))
         self._waiting[job] = (future, plan)
@@ -231,6 +234,7 @@ class NativeReads:
             return
         self._closed = True
         self._blocking.runahead_reads_close(self._handle)  # joins the threads: the GIL is let go
+        self._final_io = int(self._lib.runahead_reads_io_bytes(self._handle))
         loop = self._loop
         if loop is not None and not loop.is_closed() and loop.is_running() and not _runs(loop):
             loop.call_soon_threadsafe(self._finish)  # the loop's own thread settles and unregisters
