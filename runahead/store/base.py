@@ -324,13 +324,17 @@ class _Landings:
         self._queued = False  # first: a read landing from now on queues its own wake-up
         landed = self._landed
         while landed:
-            future, error = landed.popleft()
-            if future.cancelled():
-                continue
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            settle(*landed.popleft())
+
+
+def settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """A read's outcome into its future (done, or failed with ``error``), unless it was cancelled."""
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 _Work = tuple[_Landings, "asyncio.Future[None]", Callable[..., None], tuple[Any, ...]]

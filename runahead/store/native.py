@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from runahead import native
-from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Read
+from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Read, settle
 from runahead.store.files import _FileReader
 
 log = logging.getLogger("runahead.store")
@@ -203,9 +203,9 @@ class NativeReads:
         if loop.is_closed():
             return  # nobody can await it any more
         if loop is self._loop:
-            _resolve(future, error)
+            settle(future, error)
         else:  # submitted on another loop that is still running elsewhere
-            loop.call_soon_threadsafe(_resolve, future, error)
+            loop.call_soon_threadsafe(settle, future, error)
 
     @staticmethod
     def _error(plan: Plan, status: int, detail: int) -> BaseException:
@@ -257,15 +257,6 @@ def _runs(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
 
 
 def native_reads(

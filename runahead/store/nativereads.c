@@ -193,6 +193,15 @@ static void *serve(void *arg) {
     return NULL;
 }
 
+static void release(pool_t *pool) { /* the pool's memory (its lock and condition are the caller's) */
+    free(pool->queue);
+    free(pool->done);
+    free(pool->fds);
+    free(pool->direct);
+    free(pool->threads);
+    free(pool);
+}
+
 /* A pool of `nthreads` readers over `nfiles` descriptors; completions wake `wake_fd`. NULL on failure. */
 void *runahead_reads_open(int nthreads, int nfiles, const int *fds, const int *direct, int64_t alignment,
                           int64_t buffer_size, int wake_fd) {
@@ -226,12 +235,7 @@ void *runahead_reads_open(int nthreads, int nfiles, const int *fds, const int *d
     }
     return pool;
 fail:
-    free(pool->queue);
-    free(pool->done);
-    free(pool->fds);
-    free(pool->direct);
-    free(pool->threads);
-    free(pool);
+    release(pool);
     return NULL;
 }
 
@@ -308,10 +312,5 @@ void runahead_reads_free(void *handle) {
     pool_t *pool = handle;
     pthread_mutex_destroy(&pool->lock);
     pthread_cond_destroy(&pool->work);
-    free(pool->queue);
-    free(pool->done);
-    free(pool->fds);
-    free(pool->direct);
-    free(pool->threads);
-    free(pool);
+    release(pool);
 }
