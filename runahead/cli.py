@@ -179,8 +179,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(
             f"the compute thread ran {statistics.median(ran['runahead']):.0%} of its time inside groups "
             f"under runahead, {statistics.median(ran['sync']):.0%} under sync (medians); the rest it waited, "
-            "mostly for the GIL: on a CPU, every read that lands beside a group takes the GIL from "
-            "the compute thread a few times (docs/results-torch.md)"
+            "mostly for the GIL: the stores read on C threads that never take it, but each read that "
+            'lands wakes the event loop, which does (docs/results-torch.md, "Reads on C threads")'
         )
     return 0 if same else 1
 
