@@ -120,10 +120,12 @@ class DiskStore:
             try:
                 await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
             except DirectRefused as refused:  # the filesystem took O_DIRECT at open, not at the read
-                if refused.path not in self._files.direct_paths:
+                if refused.path in self._files.direct_paths:  # else a read beside this one reopened it
+                    native.set_file(refused.path, self._files.reopen_buffered(refused.path), direct=False)
+                try:
+                    await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
+                except DirectRefused:  # refused buffered too: not O_DIRECT's doing
                     raise StoreError(f"{refused.path}: read failed: [Errno 22] Invalid argument") from None
-                native.set_file(refused.path, self._files.reopen_buffered(refused.path), direct=False)
-                await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
         self.bytes_read += self._payload[key]
         self.reads += 1
 
