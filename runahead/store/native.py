@@ -23,6 +23,7 @@ import asyncio
 import ctypes
 import errno
 import functools
+import itertools
 import logging
 import os
 import subprocess
@@ -140,7 +141,7 @@ class NativeReads:
             raise OSError("the native reader threads could not start")
         self._handle = handle
         self._waiting: dict[int, tuple[asyncio.Future[None], Plan]] = {}
-        self._next = 0
+        self._ids = itertools.count()  # next() is atomic: loops on two threads never share an id
         self._loop: asyncio.AbstractEventLoop | None = None
         self._out = (ctypes.c_int64 * (3 * DRAIN))()
         self._closed = False
@@ -162,8 +163,7 @@ class NativeReads:
         if loop is not self._loop:
             self._watch(loop)
         future: asyncio.Future[None] = loop.create_future()
-        job = self._next
-        self._next += 1
+        job = next(self._ids)
         if self._closed:
             raise RuntimeError("the native read pool is shut down")
         status = self._lib.runahead_reads_submit(self._handle, job, plan.address, slot)
