@@ -13,7 +13,6 @@ from runahead.models.layout import ExpertLayout
 from runahead.store.base import (
     ALIGNMENT,
     MEMORY_FILESYSTEMS,
-    StoreError,
     _check_slot,
     _CudaCopier,
     _Executor,
@@ -23,7 +22,7 @@ from runahead.store.base import (
     validate_layout,
 )
 from runahead.store.files import _copy_run, _FileReader
-from runahead.store.native import DirectRefused, Plan, file_plan, native_reads
+from runahead.store.native import Plan, file_plan, native_reads, read
 
 log = logging.getLogger("runahead.store")
 
@@ -117,15 +116,7 @@ class DiskStore:
         if native is None or plan is None:
             await self._executor.run(self._read_blocking, key, flat, after, carries=carries)
         else:
-            try:
-                await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
-            except DirectRefused as refused:  # the filesystem took O_DIRECT at open, not at the read
-                if refused.path in self._files.direct_paths:  # else a read beside this one reopened it
-                    native.set_file(refused.path, self._files.reopen_buffered(refused.path), direct=False)
-                try:
-                    await self._executor.run_native(native, plan, flat.data_ptr(), carries=carries)
-                except DirectRefused:  # refused buffered too: not O_DIRECT's doing
-                    raise StoreError(f"{refused.path}: read failed: [Errno 22] Invalid argument") from None
+            await read(self._executor, native, self._files, plan, flat.data_ptr(), carries)
         self.bytes_read += self._payload[key]
         self.reads += 1
 

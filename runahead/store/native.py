@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from runahead import native
-from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Read, settle
+from runahead.store.base import ALIGNMENT, DTYPES, StoreError, _Executor, _Read, settle
 from runahead.store.files import _FileReader
 
 log = logging.getLogger("runahead.store")
@@ -257,6 +257,23 @@ def _runs(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+async def read(
+    executor: _Executor, reads: NativeReads, files: _FileReader, plan: Plan, address: int, carries: int
+) -> None:
+    """``plan`` into the memory at ``address`` on ``reads``' threads, through ``executor`` (its link
+    cap, its wait for a cancelled read); a file whose O_DIRECT reads the filesystem refuses is
+    reopened buffered (once, in ``files``) and the read made again."""
+    try:
+        await executor.run_native(reads, plan, address, carries=carries)
+    except DirectRefused as refused:  # the filesystem took O_DIRECT at open, not at the read
+        if refused.path in files.direct_paths:  # else a read beside this one reopened it
+            reads.set_file(refused.path, files.reopen_buffered(refused.path), direct=False)
+        try:
+            await executor.run_native(reads, plan, address, carries=carries)
+        except DirectRefused:  # refused buffered too: not O_DIRECT's doing
+            raise StoreError(f"{refused.path}: read failed: [Errno 22] Invalid argument") from None
 
 
 def native_reads(

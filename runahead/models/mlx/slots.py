@@ -27,12 +27,14 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+import torch
 
 from runahead.backend import READS_IN_FLIGHT
 from runahead.models.mlx.checkpoint import Checkpoint, Piece
 from runahead.models.mlx.ggufq import GGUF_QUANT, repack
 from runahead.store.base import ALIGNMENT, _Executor, _Read
 from runahead.store.files import _FileReader
+from runahead.store.native import Plan, file_plan, native_reads, read
 
 NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "U32": np.uint32}
 """How a host buffer holds each file dtype (bfloat16 as its raw 16 bits, viewed back in MLX)."""
@@ -95,6 +97,7 @@ class ExpertReader:
         queue_depth: int = READS_IN_FLIGHT,
         direct: bool = True,
         link_bandwidth: float | None = None,
+        native: bool | None = None,
     ) -> None:
         self.experts = experts
         largest = max((p.nbytes for pieces in experts.values() for p in pieces), default=0)
@@ -105,6 +108,11 @@ class ExpertReader:
             largest + 2 * ALIGNMENT,
         )
         self._executor = _Executor(queue_depth, "runahead-mlx-read", link_bandwidth)
+        # C threads read a float or MLX-quantized checkpoint's experts (:mod:`runahead.store.native`);
+        # a GGUF's quantized pieces are repacked in numpy on the Python threads as they land
+        plain = all(p.dtype not in GGUF_QUANT for pieces in experts.values() for p in pieces)
+        self._native = native_reads(queue_depth, self._files, native) if plain else None
+        self._plans: dict[tuple[int, int], tuple[Plan, int]] = {}
         self.bytes_read = 0
         self.reads = 0
         self._closed = False
@@ -121,7 +129,17 @@ class ExpertReader:
             raise KeyError(f"expert ({layer}, {expert}) is not in the checkpoint")
         out: dict[str, np.ndarray] = {}
         nbytes = sum(p.nbytes for p in pieces)
-        await self._executor.run(self._read_blocking, pieces, out, carries=nbytes)
+        if self._native is None:
+            await self._executor.run(self._read_blocking, pieces, out, carries=nbytes)
+        else:
+            plan, total = self._native_plan((layer, expert), pieces)
+            buffer = np.empty(total, dtype=np.uint8)  # every piece back to back, each viewed below
+            await read(self._executor, self._native, self._files, plan, buffer.ctypes.data, nbytes)
+            at = 0
+            for piece in pieces:
+                view = buffer[at : at + piece.nbytes].view(NUMPY_DTYPES[piece.dtype])
+                out[piece.pool.replace(".gguf", ".weight")] = view.reshape(piece.shape)
+                at += piece.nbytes
         self.bytes_read += nbytes
         self.reads += 1
         return out
@@ -132,6 +150,20 @@ class ExpertReader:
         if self._executor.link is not None:
             nbytes = sum(p.nbytes for p in self.experts[layer, expert])
             await self._executor.run(_nothing, carries=nbytes)
+
+    def _native_plan(self, key: tuple[int, int], pieces: tuple[Piece, ...]) -> tuple[Plan, int]:
+        """The C threads' plan for an expert's pieces into one buffer, back to back, and its size."""
+        made = self._plans.get(key)
+        if made is None:
+            runs, at = [], 0
+            for piece in pieces:
+                part = ("U8", piece.nbytes, 0, at, at + piece.nbytes)  # bytes as stored
+                runs.append(_Read(piece.path, piece.offset, piece.nbytes, (part,)))
+                at += piece.nbytes
+            plan = file_plan(runs, self._native.files, torch.uint8)  # type: ignore[union-attr]
+            assert plan is not None  # a byte copy needs no conversion
+            made = self._plans[key] = (plan, at)
+        return made
 
     def _read_blocking(self, pieces: tuple[Piece, ...], out: dict[str, np.ndarray]) -> None:
         for piece in pieces:
@@ -158,6 +190,8 @@ class ExpertReader:
             return
         self._closed = True
         self._executor.shutdown()
+        if self._native is not None:
+            self._native.close()
         self._files.close()
 
 
