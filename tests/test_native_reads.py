@@ -246,3 +246,20 @@ def test_the_readers_summary_reads_the_kept_rows_and_refuses_rows_whose_tokens_d
     monkeypatch.setattr(sys, "argv", ["native_reads_summary", str(copy)])
     with pytest.raises(ValueError, match="tokens differ"):
         script.main()
+
+
+def test_every_c_source_ships_in_the_package() -> None:
+    """A C source missing from the package data builds in a checkout and is absent from a wheel (the
+    docker images install one): there the library would not build and the readers would fall back."""
+    import tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "runahead"
+    ]
+    sources = sorted(p.relative_to(root / "runahead") for p in (root / "runahead").rglob("*.c"))
+    assert Path("store/nativereads.c") in sources and Path("models/qkernel.c") in sources
+    for source in sources:
+        assert any(source.match(pattern) for pattern in globs), (
+            f"runahead/{source} is not in the package data"
+        )
