@@ -63,6 +63,15 @@ def test_images_install_the_readmes_torch(name: str) -> None:
     assert f"ARG TORCH_VERSION={readme.group(1)}" in (DOCKER / name).read_text()
 
 
+def test_the_cpu_image_has_a_c_compiler_before_the_package() -> None:
+    """The CPU kernel and the expert readers are C built on first use (runahead/native.py): the slim
+    base image has no compiler, so the CPU image installs one (the Jetson base images carry gcc)."""
+    text = (DOCKER / "Dockerfile").read_text()
+    install = re.search(r"apt-get install -y --no-install-recommends ([^\\\n]+)", text)
+    assert install is not None and {"gcc", "libc6-dev"} <= set(install.group(1).split())
+    assert text.index("apt-get install") < text.index('pip install ".[torch')
+
+
 def test_compose_mounts_the_model_read_only_and_reserves_gpus() -> None:
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
