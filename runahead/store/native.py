@@ -159,17 +159,18 @@ class NativeReads:
     def submit(self, plan: Plan, slot: int) -> asyncio.Future[None]:
         """Queue ``plan`` into the slot at address ``slot``; a future of the running loop, done when
         the bytes are in the slot (RuntimeError once the pool is closed)."""
+        if self._closed:  # first: a closed pool's pipe is closed, no loop may watch it
+            raise RuntimeError("the native read pool is shut down")
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._watch(loop)
         future: asyncio.Future[None] = loop.create_future()
         job = next(self._ids)
-        if self._closed:
-            raise RuntimeError("the native read pool is shut down")
+        self._waiting[job] = (future, plan)  # before the C call: a loop on another thread may drain it
         status = self._lib.runahead_reads_submit(self._handle, job, plan.address, slot)
         if status:
+            del self._waiting[job]
             raise RuntimeError("the native read pool is shut down" if status < 0 else os.strerror(status))
-        self._waiting[job] = (future, plan)
         return future
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
