@@ -1,8 +1,11 @@
-"""Summarise ``bench/native-reads-ab.sh``'s rows: per point, policy and reader, tokens/s of each round,
-then medians of runahead / sync, the overlap limit of sync's row and the share of the possible gain,
-the compute thread's share of its group time, compute and link ms a step.
+"""Summarise an A/B of the torch backend's rows in folders ``<point>-<variant>-<round>``: per point,
+policy and variant, tokens/s of each round, then medians of runahead / sync, the overlap limit of
+sync's row and the share of the possible gain, the compute thread's share of its group time, the
+hand-off to the compute thread a group, compute and link ms a step.
 
-    python bench/native_reads_summary.py bench/results/native-reads
+    python bench/native_reads_summary.py bench/results/native-reads            # off / on: the readers
+    python bench/native_reads_summary.py bench/results/submit-gil --variant keep="GIL kept" \
+        --variant release="GIL let go"                                         # bench/submit-gil-ab.sh
 """
 
 from __future__ import annotations
@@ -18,17 +21,24 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=LABEL",
+        help="a variant's folder name and its label (default: off=Python threads, on=C threads)",
+    )
     args = parser.parse_args()
+    labels = dict(item.split("=", 1) for item in args.variant or ["off=Python threads", "on=C threads"])
     rows: dict[tuple[str, str, str], list[tuple[float, ...]]] = defaultdict(list)
     for path in sorted(args.folder.glob("*-*-*/results.jsonl")):
-        found = re.fullmatch(r"(.+)-(on|off)-(\d+)", path.parent.name)
+        found = re.fullmatch(rf"(.+)-({'|'.join(map(re.escape, labels))})-(\d+)", path.parent.name)
         if found is None:
             continue
         point, mode, _ = found.groups()
-        by_policy = {row["policy"]: row for row in map(json.loads, path.read_text().splitlines())}
-        sync = by_policy["sync"]
-        limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
-        for policy, row in by_policy.items():
+        by_policy = {(row["concurrency"], row["policy"]): row for row in map(json.loads, path.read_text().splitlines())}
+        for (requests, policy), row in by_policy.items():
+            sync = by_policy[requests, "sync"]
+            limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
             ratio = row["tokens_per_s"] / sync["tokens_per_s"]
             same = float(row["token_digest"] == sync["token_digest"])
             share = (ratio - 1) / (limit - 1)
@@ -41,10 +51,14 @@ def main() -> None:
                 row["compute_s"],
                 row["fetch_s"],
                 same,
+                row.get("handoff_us_per_group") or float("nan"),
             )
-            rows[point, policy, mode].append(cells)
-    print("| point | policy | readers | tok/s by round | x sync | limit | share | thread ran | C / F ms a step |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+            rows[f"{point}, {requests} req", policy, mode].append(cells)
+    print(
+        "| point | policy | variant | tok/s by round | x sync | limit | share | thread ran | hand-off us "
+        "| C / F ms a step |"
+    )
+    print("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (point, policy, mode), cells in sorted(rows.items()):
 
         def med(i: int, cells: list[tuple[float, ...]] = cells) -> float:
@@ -53,10 +67,9 @@ def main() -> None:
         if not all(c[7] for c in cells):
             raise ValueError(f"{point} {policy} {mode}: tokens differ from sync's")
         rounds = " / ".join(f"{c[0]:.1f}" for c in cells)
-        readers = "C threads" if mode == "on" else "Python threads"
         print(
-            f"| {point} | {policy} | {readers} | {rounds} | {med(1):.2f} | {med(2):.2f} | {med(3) * 100:.0f}% | "
-            f"{med(4) * 100:.0f}% | {med(5) * 1e3:.1f} / {med(6) * 1e3:.1f} |"
+            f"| {point} | {policy} | {labels[mode]} | {rounds} | {med(1):.2f} | {med(2):.2f} | {med(3) * 100:.0f}% | "
+            f"{med(4) * 100:.0f}% | {med(8):.0f} | {med(5) * 1e3:.1f} / {med(6) * 1e3:.1f} |"
         )
 
 

@@ -7,7 +7,14 @@ it gives the GIL up at every torch call, so each of those takes is a wait for th
 the slot run on C threads that never touch the interpreter: a finished read goes on a list, the
 first one after the list was emptied writes one byte to a pipe, and the event loop, watching the
 pipe (``loop.add_reader``), takes every finished read in one callback. A read then costs Python one
-``submit`` call (the GIL held: no hand-off) and a share of one callback.
+``submit`` call and a share of one callback.
+
+``submit`` lets go of the GIL for its C call. The call wakes a reader thread, and on a machine with
+few cores the woken reader may take the loop's core at once, until its copy ends: with the GIL kept,
+the compute thread waited for the loop that whole time. On two cores a group reached the compute
+thread 355 us (median) after the loop handed it over, against 82 us with the GIL let go, and the
+bottleneck rule's hand-offs a group fell from 287-487 us to 157-186 (docs/results-torch.md, "The
+readers' wake-up held the GIL"). ``drain`` wakes nobody and keeps it.
 
 A :class:`NativeReads` serves one store: its files (a :class:`~runahead.store.files._FileReader`'s
 descriptors, O_DIRECT where it opened them so) or its host image, and a :class:`Plan` per expert made
@@ -167,7 +174,7 @@ class NativeReads:
         future: asyncio.Future[None] = loop.create_future()
         job = next(self._ids)
         self._waiting[job] = (future, plan)  # before the C call: a loop on another thread may drain it
-        status = self._lib.runahead_reads_submit(self._handle, job, plan.address, slot)
+        status = self._blocking.runahead_reads_submit(self._handle, job, plan.address, slot)
         if status:
             del self._waiting[job]
             raise RuntimeError("the native read pool is shut down" if status < 0 else os.strerror(status))
@@ -305,9 +312,9 @@ def available() -> bool:
 
 @functools.cache
 def _library() -> tuple[ctypes.PyDLL, ctypes.CDLL] | None:
-    """The reader library twice: calls that keep the GIL (short, never block: submit, drain) and
-    calls that give it up (open, close: they start and join threads); None where it is off or cannot
-    be built, with the reason logged once."""
+    """The reader library twice: calls that keep the GIL (short, wake no thread: drain, the counters)
+    and calls that give it up (submit, which wakes a reader; open, close, which start and join
+    threads); None where it is off or cannot be built, with the reason logged once."""
     if os.environ.get("RUNAHEAD_NATIVE_READS", "on").lower() in ("off", "0", "false", "no"):
         _REASON.append("RUNAHEAD_NATIVE_READS is off")
         log.info("native reads off: RUNAHEAD_NATIVE_READS is off; stores read on Python threads")
