@@ -345,7 +345,7 @@ def test_attention_in_fewer_calls_equals_the_separate_calls_bit_for_bit(
     the same values as three products, two norms, two rotations and cos/sin computed per call, for
     prompt rows, decode rows, two requests in one batch, and more rows than the kernel takes (then
     three products again), in float32 and in a bfloat16 compute (the kernel's half-width pass)."""
-    from runahead.models.base import rope_tables
+    from runahead.models.ops import rope_tables
 
     fused, _ = load_model(folders[arch], dtype=dtype)
     separate, _ = load_model(folders[arch], dtype=dtype)
@@ -384,7 +384,7 @@ def test_attention_in_fewer_calls_equals_the_separate_calls_bit_for_bit(
 def test_rope_rows_grow_the_table_and_give_the_per_call_values(folders: dict[str, Path]) -> None:
     """cos/sin read from the table equal :func:`rope_tables` computed for those positions, also past
     the first table's 256 positions (the table doubles) and for several segments in one batch."""
-    from runahead.models.base import rope_tables
+    from runahead.models.ops import rope_tables
 
     model, _ = load_model(folders["qwen3_moe"])
     state = model.new_cache(4)

@@ -176,7 +176,7 @@ def test_the_accelerators_one_call_rms_norm_gives_the_five_calls_bits(shape: tup
     """On a GPU the norm is torch's one ``F.rms_norm`` call (runahead/models/base.py): on CPU it
     gives the very bits of the five-call form transformers uses, so only the GPU's own kernel can
     round otherwise (there the tests judge by tolerance)."""
-    from runahead.models.base import fused_rms_norm
+    from runahead.models.ops import fused_rms_norm
 
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 3
     manual = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)

@@ -33,6 +33,7 @@ from runahead.models.description import (
     require,
 )
 from runahead.models.hostcopy import int_tensor
+from runahead.models.ops import apply_rope, attention_mask, rms_norm, rope_tables
 from runahead.models.products import ExpertProducts, matrix_kind
 from runahead.models.routing import ExpertRows
 from runahead.models.state import KVLayer, LayerState, RequestState
@@ -55,26 +56,6 @@ Segment = tuple[RequestState, int, int]
 
 KVCache = RequestState
 """The per-request state under its older name (every layer softmax attention in most models)."""
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm as transformers computes it (in float32, scaled after casting back).
-
-    On an accelerator the normalising is torch's one ``F.rms_norm`` call (a fused kernel on CUDA)
-    instead of five: there each call is host time and a launch (docs/cuda-runs.md). On CPU the five
-    calls stay: ``F.rms_norm`` gives the same bits there but measured slower (docs/tried.md)."""
-    wide = x.dtype == torch.float32  # then no casts: each is a no-op op call (7 norms a layer)
-    x32 = x if wide else x.float()
-    if x.device.type == "cpu":
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    else:
-        x32 = fused_rms_norm(x32, eps)
-    return weight * (x32 if wide else x32.to(x.dtype))
-
-
-def fused_rms_norm(x32: Tensor, eps: float) -> Tensor:
-    """``x32 * rsqrt(mean(x32^2) + eps)`` over the last dimension of a float32 ``x32``, as one call."""
-    return F.rms_norm(x32, (x32.shape[-1],), None, eps)
 
 
 DENSE_ROLES = frozenset(
@@ -287,7 +268,7 @@ class MoEModel(ExpertProducts, ModelDescription):
         outputs = []
         for (state, start, n), (query, key, value) in zip(segments, runs, strict=True):
             keys, values, first = state.kv(layer).append(key, value)
-            mask = _mask(start, n, first, keys.shape[2], window, self.device)
+            mask = attention_mask(start, n, first, keys.shape[2], window, self.device)
             outputs.append(self.attend(layer, query, keys, values, mask))
         heads = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # [1, heads, T, head_dim]
         return self.attention_output(layer, x, heads[0].transpose(0, 1).reshape(x.shape[0], -1))
@@ -450,34 +431,6 @@ class MoEModel(ExpertProducts, ModelDescription):
         return cos[at], sin[at]
 
 
-def rope_tables(
-    positions: Tensor, inv_freq: Tensor, factor: float, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    """cos and sin ``[T, 1, 2 * len(inv_freq)]`` of the rotary embedding at ``positions``, in ``dtype``,
-    the sin with its first half negated (:func:`apply_rope` rolls ``x`` instead of rotating its
-    halves: ``rotate_half(x) * sin`` is ``roll(x) * signed sin`` to the bit, one call instead of four).
-
-    ``factor`` scales cos and sin (YaRN's attention factor; 1 otherwise).
-    """
-    freqs = positions[:, None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    sin = emb.sin() * factor
-    half = freqs.shape[-1]
-    sin[:, :half] = -sin[:, :half]
-    return (emb.cos() * factor).to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary embedding of ``x [T, heads, head_dim]`` by :func:`rope_tables`' ``cos`` and signed
-    ``sin``: ``x * cos + rotate_half(x) * sin`` as transformers writes it; only their first dims
-    rotate (a partial rotary keeps the rest as is)."""
-    rotary = cos.shape[-1]
-    if rotary == x.shape[-1]:
-        return x * cos + x.roll(rotary // 2, dims=-1) * sin
-    turned, kept = x[..., :rotary], x[..., rotary:]
-    return torch.cat((turned * cos + turned.roll(rotary // 2, dims=-1) * sin, kept), dim=-1)
-
-
 def _adjacent(q: Tensor, k: Tensor) -> Tensor | None:
     """``[T, q heads + k heads, D]``: one view of ``q`` and ``k`` where ``k``'s heads follow ``q``'s in
     memory with the same strides (:meth:`MoEModel.project_qkv`'s fused product), else None."""
@@ -490,17 +443,3 @@ def _adjacent(q: Tensor, k: Tensor) -> Tensor | None:
     if k.data_ptr() != q.data_ptr() + q.shape[1] * q.shape[2] * q.element_size():
         return None
     return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
-
-
-def _mask(
-    start: int, n: int, first: int, stored: int, window: int | None, device: torch.device
-) -> Tensor | None:
-    """Boolean ``[n, stored]`` mask (True = attend) for queries at ``start..`` over keys at ``first..``."""
-    if n == 1 and (window is None or start - first < window):
-        return None
-    q_pos = torch.arange(start, start + n, device=device)[:, None]
-    k_pos = torch.arange(first, first + stored, device=device)[None, :]
-    allowed = k_pos <= q_pos
-    if window is not None:
-        allowed &= k_pos > q_pos - window
-    return allowed
