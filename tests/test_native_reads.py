@@ -186,6 +186,54 @@ async def test_closing_with_reads_queued_finishes_them_and_refuses_new_ones(tmp_
         await store.read_into(*keys[0], pool.slot(0))
 
 
+def test_a_close_on_another_thread_never_frees_the_pool_under_a_submit() -> None:
+    """``submit`` lets go of the GIL for its C call, so another thread's ``close`` can run meanwhile:
+    every submit either queues a read that lands (bytes in place) or is refused as shut down, and
+    the pool is freed only after the last C call returned. A loop on a second thread submits copies
+    as fast as it can while the main thread closes the pool under it, twenty times over."""
+    import threading
+
+    from runahead.store.native import memory_plan
+
+    source = torch.arange(4096, dtype=torch.uint8)
+    for _ in range(20):
+        reads = NativeReads(2, {}, set(), 4096, 4096)
+        loop = asyncio.new_event_loop()
+        outcomes: list[str] = []
+        started = threading.Event()
+
+        async def submit_all(
+            reads: NativeReads = reads, outcomes: list[str] = outcomes, started: threading.Event = started
+        ) -> None:
+            plan = memory_plan(source.data_ptr(), 4096)
+            slots = [torch.zeros(4096, dtype=torch.uint8) for _ in range(200)]
+            futures = []
+            for i, slot in enumerate(slots):
+                try:
+                    futures.append((slot, reads.submit(plan, slot.data_ptr())))
+                except RuntimeError as error:
+                    assert "shut down" in str(error)
+                    outcomes.append("refused")
+                    break
+                if i == 20:
+                    started.set()
+                await asyncio.sleep(0)
+            started.set()
+            for slot, future in futures:
+                await future
+                assert torch.equal(slot, source)
+                outcomes.append("landed")
+
+        thread = threading.Thread(target=lambda: loop.run_until_complete(submit_all()))  # noqa: B023
+        thread.start()
+        started.wait(5)
+        reads.close()  # from this thread, while the loop may be inside a submit
+        thread.join(10)
+        assert not thread.is_alive()
+        loop.close()
+        assert "landed" in outcomes
+
+
 def test_one_store_serves_one_loop_after_another(tmp_path: Path) -> None:
     layout, expected = model(tmp_path)
     slot = SlotPool(1, layout.slot_numel).slot(0)

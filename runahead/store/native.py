@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -152,6 +153,8 @@ class NativeReads:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._out = (ctypes.c_int64 * (3 * DRAIN))()
         self._closed = False
+        self._calls = threading.Lock()  # a submit's C call (the GIL let go) against the pool's free
+        self._freed = False
         self._final_io = 0
 
     @property
@@ -174,7 +177,11 @@ class NativeReads:
         future: asyncio.Future[None] = loop.create_future()
         job = next(self._ids)
         self._waiting[job] = (future, plan)  # before the C call: a loop on another thread may drain it
-        status = self._blocking.runahead_reads_submit(self._handle, job, plan.address, slot)
+        with self._calls:  # another thread's close may not free the pool under this call
+            if self._freed:
+                status = -1
+            else:
+                status = self._blocking.runahead_reads_submit(self._handle, job, plan.address, slot)
         if status:
             del self._waiting[job]
             raise RuntimeError("the native read pool is shut down" if status < 0 else os.strerror(status))
@@ -254,7 +261,9 @@ class NativeReads:
         if loop is not None and not loop.is_closed():
             self._drain()
             loop.remove_reader(self._wake_read)
-        self._blocking.runahead_reads_free(self._handle)
+        with self._calls:
+            self._blocking.runahead_reads_free(self._handle)
+            self._freed = True
         os.close(self._wake_read)
         os.close(self._wake_write)
 
