@@ -187,15 +187,19 @@ async def test_closing_with_reads_queued_finishes_them_and_refuses_new_ones(tmp_
 
 
 def test_a_close_on_another_thread_never_frees_the_pool_under_a_submit() -> None:
-    """``submit`` lets go of the GIL for its C call, so another thread's ``close`` can run meanwhile:
-    every submit either queues a read that lands (bytes in place) or is refused as shut down, and
-    the pool is freed only after the last C call returned. A loop on a second thread submits copies
-    as fast as it can while the main thread closes the pool under it, twenty times over."""
+    """``submit`` lets go of the GIL for its C call, so another thread can close and free the pool
+    meanwhile: here a loop on a second thread submits copies as fast as it can, and the main
+    thread's own loop submits one (the pool now watches that loop) and closes the pool from it, so
+    the pool is freed at once on the main thread, not handed to the submitting loop. Every submit
+    either queues a read that lands (bytes in place) or is refused as shut down; twenty times over.
+    A C call into the freed pool would not show here (its memory still reads as closing): the lock
+    around submit's call and the free (``NativeReads._calls``) rules that out by construction."""
     import threading
 
     from runahead.store.native import memory_plan
 
     source = torch.arange(4096, dtype=torch.uint8)
+    plan = memory_plan(source.data_ptr(), 4096)
     for _ in range(20):
         reads = NativeReads(2, {}, set(), 4096, 4096)
         loop = asyncio.new_event_loop()
@@ -205,7 +209,6 @@ def test_a_close_on_another_thread_never_frees_the_pool_under_a_submit() -> None
         async def submit_all(
             reads: NativeReads = reads, outcomes: list[str] = outcomes, started: threading.Event = started
         ) -> None:
-            plan = memory_plan(source.data_ptr(), 4096)
             slots = [torch.zeros(4096, dtype=torch.uint8) for _ in range(200)]
             futures = []
             for i, slot in enumerate(slots):
@@ -224,10 +227,16 @@ def test_a_close_on_another_thread_never_frees_the_pool_under_a_submit() -> None
                 assert torch.equal(slot, source)
                 outcomes.append("landed")
 
+        async def close_here(reads: NativeReads = reads) -> None:
+            slot = torch.zeros(4096, dtype=torch.uint8)
+            await reads.submit(plan, slot.data_ptr())  # this loop is the one the pool watches now
+            assert torch.equal(slot, source)
+            reads.close()  # on this loop's thread: the pool is freed here, at once
+
         thread = threading.Thread(target=lambda: loop.run_until_complete(submit_all()))  # noqa: B023
         thread.start()
         started.wait(5)
-        reads.close()  # from this thread, while the loop may be inside a submit
+        asyncio.run(close_here())
         thread.join(10)
         assert not thread.is_alive()
         loop.close()
