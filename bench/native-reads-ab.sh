@@ -4,7 +4,7 @@
 # the host store at 50% cache (compute-bound), behind a 0.6 GB/s link at 30% (link-bound), and the
 # medium model behind a 3 GB/s link at 50%. 8 requests each. About 12 minutes on 2 cores.
 # Rows: bench/results/native-reads/<point>-<off|on>-<round>/results.jsonl; summary:
-#   python bench/native_reads_summary.py bench/results/native-reads
+#   python bench/ab_summary.py bench/results/native-reads
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/native-reads}

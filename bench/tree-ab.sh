@@ -5,7 +5,7 @@
 # cached by their source's digest, so both trees keep their own builds.
 #   bench/tree-ab.sh BEFORE OUT POINT ROUNDS <runahead bench arguments...>
 # Rows: OUT/POINT-<before|after>-<round>/results.jsonl; summary:
-#   python bench/native_reads_summary.py OUT --variant before=<label> --variant after=<label>
+#   python bench/ab_summary.py OUT --variant before=<label> --variant after=<label>
 # Example (the submit's GIL, docs/results-torch.md):
 #   bench/tree-ab.sh /tmp/before bench/results/submit-gil host50 4 --backend torch --model small \
 #     --store host --cache-fraction 0.5 --steps 96 --warmup-steps 4 --concurrency 8,4,2 \

@@ -286,9 +286,9 @@ def test_the_readers_summary_reads_the_kept_rows_and_refuses_rows_whose_tokens_d
 
     from benchhelpers import BENCH, load_bench_script
 
-    script = load_bench_script("native_reads_summary")
+    script = load_bench_script("ab_summary")
     kept = BENCH / "results" / "native-reads"
-    monkeypatch.setattr(sys, "argv", ["native_reads_summary", str(kept)])
+    monkeypatch.setattr(sys, "argv", ["ab_summary", str(kept)])
     script.main()
     table = [
         line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
@@ -300,7 +300,7 @@ def test_the_readers_summary_reads_the_kept_rows_and_refuses_rows_whose_tokens_d
     rows = [json.loads(line) for line in (copy / "host50-on-1" / "results.jsonl").read_text().splitlines()]
     rows[-1]["token_digest"] = "not sync's"
     (copy / "host50-on-1" / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    monkeypatch.setattr(sys, "argv", ["native_reads_summary", str(copy)])
+    monkeypatch.setattr(sys, "argv", ["ab_summary", str(copy)])
     with pytest.raises(ValueError, match="tokens differ"):
         script.main()
 

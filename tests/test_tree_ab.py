@@ -1,5 +1,5 @@
 """``bench/tree-ab.sh``: one bench command on two trees of the package, rounds alternating, and its
-summary (``bench/native_reads_summary.py --variant``) over the rows it leaves."""
+summary (``bench/ab_summary.py --variant``) over the rows it leaves."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_two_trees_alternate_and_the_summary_reads_them(
             text = (out / f"host50-{variant}-{r}" / "results.jsonl").read_text()
             rows = [json.loads(line) for line in text.splitlines()]
             assert [row["policy"] for row in rows] == ["sync", "runahead"]
-    script = load_bench_script("native_reads_summary")
+    script = load_bench_script("ab_summary")
     argv = ["summary", str(out), "--variant", "before=old", "--variant", "after=new"]
     monkeypatch.setattr(sys, "argv", argv)
     script.main()

@@ -3,9 +3,9 @@ policy and variant, tokens/s of each round, then medians of runahead / sync, the
 sync's row and the share of the possible gain, the compute thread's share of its group time, the
 hand-off to the compute thread a group, compute and link ms a step.
 
-    python bench/native_reads_summary.py bench/results/native-reads            # off / on: the readers
-    python bench/native_reads_summary.py bench/results/submit-gil --variant keep="GIL kept" \
-        --variant release="GIL let go"                                         # bench/submit-gil-ab.sh
+    python bench/ab_summary.py bench/results/native-reads        # bench/native-reads-ab.sh: off / on
+    python bench/ab_summary.py bench/results/submit-gil --variant before="GIL kept" \
+        --variant after="GIL let go"                              # bench/tree-ab.sh: before / after
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
                 row["compute_s"],
                 row["fetch_s"],
                 same,
-                row.get("handoff_us_per_group") or float("nan"),
+                float("nan") if row.get("handoff_us_per_group") is None else row["handoff_us_per_group"],
             )
             rows[f"{point}, {requests} req", policy, mode].append(cells)
     print(
