@@ -26,6 +26,12 @@ faster than the floor in that model; printed beside sync's overlap limit, as the
 limit's gain the floor leaves reachable (issue 11's bound for small cases, on a real backend).
 Only where the fit prices sync's own groups within 10% of their measured compute: groups of sizes
 the run did not compute, or computed while reads took CPU time, are priced off.
+
+`--bound WINDOW CASES MAX_NODES` (with `sync` and `--out`): the small-case model itself on the run's
+rounds, CASES cases of WINDOW rounds each, searched exactly up to MAX_NODES decisions
+(:func:`report_bound`). Measured on the medium model, the runs beat the model's best schedule by
+4-18%: its fit is not close enough to bound a real run (docs/results-torch.md, "The small-case
+bound at measured costs").
 """
 
 from __future__ import annotations
@@ -33,13 +39,17 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from grouping_bound import bound_row  # bench/ is this script's folder: its sys.path[0]
 
 from runahead.actors.scheduler import ComputeScheduler
 from runahead.bottleneck import ComputeFit
+from runahead.bound import SmallCase
 from runahead.cli import main
 from runahead.jobs import ENTRY_LAYER, Group, Job, distinct_experts
 from runahead.metrics import Recorder, intersection_total, overlap_limit, union
@@ -181,9 +191,7 @@ def report() -> None:
         x = np.array([[1.0, j] for j, _, _ in kind_rows])
         (shared, per_job), *_ = np.linalg.lstsq(x, np.array([t for *_, t in kind_rows]), rcond=None)
         shared_ms, per_job_ms = shared * 1e3, per_job * 1e3
-        print(
-            f"  {group:>6} ({len(kind_rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job"
-        )
+        print(f"  {group:>6} ({len(kind_rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job")
         if group in ("middle", "last"):
             x = np.array([[1.0, d] for _, d, _ in kind_rows])
             (shared, per_expert), *_ = np.linalg.lstsq(x, np.array([t for *_, t in kind_rows]), rcond=None)
@@ -195,6 +203,26 @@ FIT_AGREES = 0.1
 """The floor is printed only if the fit prices sync's own compute within this share of what it measured."""
 
 
+def measured_rounds(
+    computed: list[Computed], sync: dict[str, Any]
+) -> tuple[ComputeFit, dict[int, dict[int, list[Job]]], list[int]]:
+    """The whole run's fit (as the runtime fits it), its decode rounds' jobs by epoch and layer, and
+    the epochs of sync's measured steps' length at the end where every request computed every layer:
+    of the command's first run whose rule measures (its rounds are not mixed with another run's)."""
+    first = computed[0].recorder
+    computed = [group for group in computed if group.recorder == first]
+    fit = ComputeFit(max(group.jobs[0].layer for group in computed))
+    rounds: dict[int, dict[int, list[Job]]] = {}
+    for group in computed:
+        fit.observe_group(group.jobs, group.end - group.start)
+        for job in group.jobs:
+            rounds.setdefault(job.epoch, {}).setdefault(job.layer, []).append(job)
+    whole = sorted(
+        epoch for epoch, levels in rounds.items() if all(len(jobs) == sync["concurrency"] for jobs in levels.values())
+    )
+    return fit, rounds, whole[-sync["steps"] :]
+
+
 def report_floor(out: str) -> None:
     """The relaxation's floor under the run's last rounds, at the run's measured costs."""
     rows = [json.loads(line) for line in Path(out, "results.jsonl").read_text().splitlines()]
@@ -203,17 +231,8 @@ def report_floor(out: str) -> None:
     if sync is None or not computed:
         print("--floor needs a sync row and a bottleneck grouping's groups in the same run")
         return
-    fit = ComputeFit(max(group.jobs[0].layer for group in computed))
-    rounds: dict[int, dict[int, list[Job]]] = {}
-    for group in computed:  # the whole run's fit, as the runtime fits it, and its rounds' levels
-        fit.observe_group(group.jobs, group.end - group.start)
-        for job in group.jobs:
-            rounds.setdefault(job.epoch, {}).setdefault(job.layer, []).append(job)
+    fit, rounds, measured = measured_rounds(computed, sync)
     requests, last = sync["concurrency"], fit.last_layer
-    whole = sorted(
-        epoch for epoch, levels in rounds.items() if all(len(jobs) == requests for jobs in levels.values())
-    )
-    measured = whole[-sync["steps"] :]
     levels = [
         level(jobs, fit, first=layer == ENTRY_LAYER, last=layer == last)
         for epoch in measured
@@ -240,6 +259,112 @@ def report_floor(out: str) -> None:
     )
 
 
+def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
+    """The small-case model (:mod:`runahead.bound`) on this run's own routing and measured costs.
+
+    Each case is ``window`` consecutive measured rounds of the fitted run (every request's experts
+    at every layer, as its gates chose them); a group costs what the run's whole fit says; a read
+    holds the link for the time that keeps the model's sync as busy on the link a round as the run's
+    sync was (the model reads fewer experts than the run, whose cache also misses by eviction);
+    resident are the cache's size of the experts most used in the rounds before the case (what an
+    LFU cache knows then; fixed within the case: the model reads a missing expert once and evicts
+    nothing). Printed per case and
+    summed over the cases: the shares of sync's limit's gain of the exact bound (where the search
+    ends within ``max_nodes`` decisions), the best holds and pilot schedules, the floor, and the
+    groupings played through the model; then each measured row's own share, beside them.
+    """
+    rows = [json.loads(line) for line in Path(out, "results.jsonl").read_text().splitlines()]
+    sync = next((row for row in rows if row["policy"] == "sync"), None)
+    computed = fitted()
+    if sync is None or not computed:
+        print("--bound needs a sync row and a bottleneck grouping's groups in the same run")
+        return
+    fit, rounds, measured = measured_rounds(computed, sync)
+    layers = fit.last_layer + 1
+    starts = sorted({round(i * (len(measured) - window) / max(1, windows - 1)) for i in range(windows)})
+    cases = []
+    for start in starts:
+        epochs = measured[start : start + window]
+        used = Counter(  # what an LFU knows at the case's start: the rounds before it
+            key
+            for epoch, levels in rounds.items()
+            if epoch < epochs[0]
+            for jobs in levels.values()
+            for job in jobs
+            for key in job.keys
+        )
+        resident = frozenset(key for key, _ in used.most_common(sync["cache_slots"]))
+        requests = sorted({job.request for job in rounds[epochs[0]][ENTRY_LAYER]})
+        selections = [
+            [[_experts(rounds[epoch][layer], request) for layer in range(layers)] for epoch in epochs]
+            for request in requests
+        ]
+        missing = {key for epoch in epochs for jobs in rounds[epoch].values() for job in jobs for key in job.keys}
+        cases.append((epochs, selections, resident, len(missing - resident)))
+    # a read's link time such that the model's sync keeps the link as busy a round as the run's sync did
+    fetch_s = sync["fetch_s"] * len(cases) * window / sum(reads for *_, reads in cases)
+    print(
+        f"bound at measured costs: {len(cases)} cases of {window} round(s) x {layers} layers, "
+        f"{fetch_s * 1e3:.2f} ms a read (the run's sync: {sync['fetch_s'] / sync['fetches_per_step'] * 1e3:.2f}), "
+        f"{sync['cache_slots']} slots"
+    )
+    totals: dict[str, float] = {}
+    for epochs, selections, resident, _ in cases:
+        row = bound_row(SmallCase(selections, resident, fetch_s, fit), search=True, max_nodes=max_nodes)
+        for key in ("sync_compute_ms", "fetch_ms", *(f"{name}_ms" for name in BOUND_SCHEDULES)):
+            if key in row:
+                totals[key] = totals.get(key, 0.0) + row[key]  # type: ignore[operator]
+        totals["cases"] = totals.get("cases", 0) + 1
+        totals["searched"] = totals.get("searched", 0) + ("bound_ms" in row)
+        shares = " ".join(f"{name} {_share(row, name)}" for name in BOUND_SCHEDULES[1:])
+        print(f"  rounds {epochs[0]}-{epochs[-1]}: limit {row['limit']:.2f}; share of its gain: {shares}")
+    if totals["searched"] < totals["cases"]:
+        totals.pop("bound_ms", None)  # a sum over some cases only is no bound
+    limit = overlap_limit(totals["sync_compute_ms"], totals["fetch_ms"])
+    summed = {"limit": limit} | {
+        f"{name}_share_of_limit": (totals["sync_ms"] / totals[f"{name}_ms"] - 1) / (limit - 1)
+        for name in BOUND_SCHEDULES
+        if f"{name}_ms" in totals
+    }
+    steps = totals["cases"] * window
+    print(
+        f"  summed: sync {totals['sync_compute_ms'] / steps:.1f} ms compute + {totals['fetch_ms'] / steps:.1f} "
+        f"ms link a round in the model (measured {sync['compute_s'] * 1e3:.1f} + {sync['fetch_s'] * 1e3:.1f}); "
+        f"limit {limit:.2f}; share of its gain: "
+        + " ".join(f"{name} {_share(summed, name)}" for name in BOUND_SCHEDULES[1:])
+    )
+    priced = totals["sync_compute_ms"] / steps / 1e3
+    if abs(priced / sync["compute_s"] - 1) > FIT_AGREES:
+        print(
+            f"  the fit prices sync's rounds {priced / sync['compute_s'] - 1:+.0%} off what sync measured: "
+            f"these shares do not bound the run's (a model priced off the run it would bound)"
+        )
+    measured_limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
+    best = next((f"{name}_ms" for name in ("bound", "holds") if f"{name}_ms" in totals), "pilot_ms")
+    best_x = totals["sync_ms"] / totals[best]
+    for row in rows:
+        if row["policy"] != "sync":
+            x = row["tokens_per_s"] / sync["tokens_per_s"]
+            beyond = f"; beyond the model's best ({best_x:.2f}x): the model does not hold it" if x > best_x else ""
+            print(
+                f"  measured {row['policy']}: {x:.2f}x sync, {(x - 1) / (measured_limit - 1):.0%} of the "
+                f"measured limit's gain ({measured_limit:.2f}){beyond}"
+            )
+
+
+BOUND_SCHEDULES = ("sync", "bound", "holds", "pilot", "floor", "paper", "bottleneck")
+"""What :func:`report_bound` prints: the model's schedules (``bound`` only where the search ended)."""
+
+
+def _experts(jobs: list[Job], request: int) -> tuple[int, ...]:
+    return next(job.experts for job in jobs if job.request == request)
+
+
+def _share(row: dict[str, Any], name: str) -> str:
+    value = row.get(f"{name}_share_of_limit")
+    return f"{value:.0%}" if isinstance(value, float) else "-"
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     dump = None
@@ -250,6 +375,11 @@ if __name__ == "__main__":
     with_floor = "--floor" in args
     if with_floor:
         args.remove("--floor")
+    bound: tuple[int, int, int] | None = None
+    if "--bound" in args:  # --bound WINDOW CASES MAX_NODES: the small-case model at measured costs
+        at = args.index("--bound")
+        bound = (int(args[at + 1]), int(args[at + 2]), int(args[at + 3]))
+        del args[at : at + 4]
     try:
         main(args)
     finally:
@@ -257,6 +387,8 @@ if __name__ == "__main__":
         report_contention()
         if with_floor:
             report_floor(args[args.index("--out") + 1])
+        if bound is not None:
+            report_bound(args[args.index("--out") + 1], *bound)
         if dump is not None:
             with open(dump, "w") as out:
                 out.writelines(json.dumps(row) + "\n" for row in rows(fitted()))

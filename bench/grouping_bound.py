@@ -62,9 +62,7 @@ def small_case(model: str, profile: str, requests: int, layers: int | None, cach
     trace = default_trace(spec, requests, WARMUP + 1, seed=0)
     used = Counter(warm_keys(trace, requests, WARMUP))
     resident = frozenset(k for k, _ in used.most_common(cache_slots(spec, cache)) if k.layer < layers)
-    selections = [
-        [[tuple(trace.selections(r)[WARMUP][layer]) for layer in range(layers)]] for r in range(requests)
-    ]
+    selections = [[[tuple(trace.selections(r)[WARMUP][layer]) for layer in range(layers)]] for r in range(requests)]
 
     def group_s(jobs: Sequence[Job]) -> float:
         distinct = len({e for job in jobs for e in job.experts})
@@ -84,6 +82,21 @@ def measure(
     max_holds_nodes: int = MAX_HOLDS_NODES,
 ) -> dict[str, object]:
     case = small_case(model, profile, requests, layers, cache)
+    row: dict[str, object] = {
+        "model": model,
+        "profile": profile,
+        "requests": requests,
+        "layers": case.layers,
+        "cache_fraction": cache,
+    }
+    return row | bound_row(case, search, max_nodes, max_holds_nodes)
+
+
+def bound_row(
+    case: SmallCase, search: bool, max_nodes: int = MAX_NODES, max_holds_nodes: int = MAX_HOLDS_NODES
+) -> dict[str, object]:
+    """Every schedule of ``case`` (sync, the paper's grouping, the bottleneck rule, the pilot, the best
+    holds, the floor, and with ``search`` the exact bound) as makespans and shares of the limit's gain."""
     played = {name: run_policy(case, grouping) for name, grouping in GROUPINGS.items()}
     started = time.perf_counter()
     pilot = pilot_schedule(case, GROUPINGS["bottleneck"])
@@ -102,11 +115,6 @@ def measure(
     sync = played["sync"]
     limit = overlap_limit(sync.compute_s, sync.fetch_s)
     row: dict[str, object] = {
-        "model": model,
-        "profile": profile,
-        "requests": requests,
-        "layers": case.layers,
-        "cache_fraction": cache,
         "limit": limit,
         "fetch_ms": sync.fetch_s * 1e3,
         "search_s": seconds,
@@ -147,9 +155,7 @@ def parse_case(text: str) -> tuple[int, int | None]:
     try:
         return int(requests), None if layers == "all" else int(layers)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a case is REQUESTS:LAYERS (e.g. 8:12 or 8:all), not {text!r}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"a case is REQUESTS:LAYERS (e.g. 8:12 or 8:all), not {text!r}") from None
 
 
 def share(row: dict[str, object], key: str) -> str:
@@ -172,9 +178,7 @@ def main() -> None:
     )
     parser.add_argument("--model", action="append", help="only this paper model (default: both)")
     parser.add_argument("--profile", action="append", help="only this profile (default: both)")
-    parser.add_argument(
-        "--max-nodes", type=int, default=MAX_NODES, help="give up a search after this many decisions"
-    )
+    parser.add_argument("--max-nodes", type=int, default=MAX_NODES, help="give up a search after this many decisions")
     parser.add_argument(
         "--max-holds-nodes",
         type=int,
