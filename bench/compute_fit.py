@@ -203,16 +203,18 @@ FIT_AGREES = 0.1
 """The floor is printed only if the fit prices sync's own compute within this share of what it measured."""
 
 
-def measured_rounds(
-    computed: list[Computed], sync: dict[str, Any]
-) -> tuple[ComputeFit, dict[int, dict[int, list[Job]]], list[int]]:
+Rounds = dict[int, dict[int, list[Job]]]
+"""A run's decode rounds: epoch -> layer -> the jobs computed there."""
+
+
+def measured_rounds(computed: list[Computed], sync: dict[str, Any]) -> tuple[ComputeFit, Rounds, list[int]]:
     """The whole run's fit (as the runtime fits it), its decode rounds' jobs by epoch and layer, and
     the epochs of sync's measured steps' length at the end where every request computed every layer:
     of the command's first run whose rule measures (its rounds are not mixed with another run's)."""
     first = computed[0].recorder
     computed = [group for group in computed if group.recorder == first]
     fit = ComputeFit(max(group.jobs[0].layer for group in computed))
-    rounds: dict[int, dict[int, list[Job]]] = {}
+    rounds: Rounds = {}
     for group in computed:
         fit.observe_group(group.jobs, group.end - group.start)
         for job in group.jobs:
@@ -223,15 +225,25 @@ def measured_rounds(
     return fit, rounds, whole[-sync["steps"] :]
 
 
-def report_floor(out: str) -> None:
-    """The relaxation's floor under the run's last rounds, at the run's measured costs."""
+def load_run(
+    out: str, option: str
+) -> tuple[list[dict[str, Any]], dict[str, Any], ComputeFit, Rounds, list[int]] | None:
+    """The command's rows, its sync row and :func:`measured_rounds`; None (said why) without both."""
     rows = [json.loads(line) for line in Path(out, "results.jsonl").read_text().splitlines()]
     sync = next((row for row in rows if row["policy"] == "sync"), None)
     computed = fitted()
     if sync is None or not computed:
-        print("--floor needs a sync row and a bottleneck grouping's groups in the same run")
+        print(f"{option} needs a sync row and a bottleneck grouping's groups in the same run")
+        return None
+    return rows, sync, *measured_rounds(computed, sync)
+
+
+def report_floor(out: str) -> None:
+    """The relaxation's floor under the run's last rounds, at the run's measured costs."""
+    run = load_run(out, "--floor")
+    if run is None:
         return
-    fit, rounds, measured = measured_rounds(computed, sync)
+    _, sync, fit, rounds, measured = run
     requests, last = sync["concurrency"], fit.last_layer
     levels = [
         level(jobs, fit, first=layer == ENTRY_LAYER, last=layer == last)
@@ -268,18 +280,15 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
     sync was (the model reads fewer experts than the run, whose cache also misses by eviction);
     resident are the cache's size of the experts most used in the rounds before the case (what an
     LFU cache knows then; fixed within the case: the model reads a missing expert once and evicts
-    nothing). Printed per case and
-    summed over the cases: the shares of sync's limit's gain of the exact bound (where the search
-    ends within ``max_nodes`` decisions), the best holds and pilot schedules, the floor, and the
-    groupings played through the model; then each measured row's own share, beside them.
+    nothing). Printed per case and summed over the cases: the shares of sync's limit's gain of the
+    exact bound (where the search ends within ``max_nodes`` decisions), the best holds and pilot
+    schedules, the floor, and the groupings played through the model; then each measured row's own
+    share, beside them.
     """
-    rows = [json.loads(line) for line in Path(out, "results.jsonl").read_text().splitlines()]
-    sync = next((row for row in rows if row["policy"] == "sync"), None)
-    computed = fitted()
-    if sync is None or not computed:
-        print("--bound needs a sync row and a bottleneck grouping's groups in the same run")
+    run = load_run(out, "--bound")
+    if run is None:
         return
-    fit, rounds, measured = measured_rounds(computed, sync)
+    rows, sync, fit, rounds, measured = run
     layers = fit.last_layer + 1
     starts = sorted({round(i * (len(measured) - window) / max(1, windows - 1)) for i in range(windows)})
     cases = []
