@@ -308,8 +308,8 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
             [[_experts(rounds[epoch][layer], request) for layer in range(layers)] for epoch in epochs]
             for request in requests
         ]
-        missing = {key for epoch in epochs for jobs in rounds[epoch].values() for job in jobs for key in job.keys}
-        cases.append((epochs, selections, resident, len(missing - resident)))
+        needed = {key for epoch in epochs for jobs in rounds[epoch].values() for job in jobs for key in job.keys}
+        cases.append((epochs, selections, resident, len(needed - resident)))
     # a read's link time such that the model's sync keeps the link as busy a round as the run's sync did
     fetch_s = sync["fetch_s"] * len(cases) * window / sum(reads for *_, reads in cases)
     print(
