@@ -238,6 +238,9 @@ def load_run(
     if sync is None or not computed:
         print(f"{option} needs a sync row and a bottleneck grouping's groups in the same run")
         return None
+    if len({(row["concurrency"], row["cache_fraction"]) for row in rows}) > 1:
+        print(f"{option} reads one point a command (one concurrency, one cache fraction)")
+        return None
     return rows, sync, *measured_rounds(computed, sync)
 
 
