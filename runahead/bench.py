@@ -73,6 +73,10 @@ class BenchPoint:
     workload_file: str | None = None
     """The workload's requests read from this file (:mod:`runahead.bench_requests`): ShareGPT JSON
     for ``chat``, a SWE-agent ``.traj`` file or a folder of them for ``agentic``; None: synthetic."""
+    preload: bool = False
+    """Every expert that fits in the cache is resident before the run (not counted as reads): an
+    engine that loaded its model at start (``Runtime.preload``). Without it a cache of every expert
+    still reads, once each, the experts the warm-up steps did not use."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -154,6 +158,12 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
     # the cache's bookkeeping as the prompts' prefill left it (the sim's slots hold no data; a real
     # backend reads its experts in: Runtime.preload)
     runtime.cache.warm_ids(warm_ids(trace, point.concurrency, point.warmup_steps))
+    if point.preload:  # then the free slots, layer by layer: nothing the warm-up left is evicted
+        resident = runtime.cache.resident_ids
+        rest = (e for layer in range(trace.num_layers) for e in expert_ids(layer, range(trace.num_experts)))
+        runtime.cache.warm_ids(
+            list(itertools.islice((e for e in rest if e not in resident), slots - len(resident)))
+        )
     charge = point.charge_overhead
     wall, cpu = time.perf_counter(), time.process_time()
     if point.workload == "agentic":
@@ -271,6 +281,7 @@ def sweep(
     prefill_chunk: int = 512,
     charge_overhead: bool = False,
     workload_file: str | None = None,
+    preload: bool = False,
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
@@ -290,6 +301,7 @@ def sweep(
             prefill_chunk,
             charge_overhead,
             workload_file,
+            preload,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             concurrencies, cache_fractions, barriers, policies

@@ -231,6 +231,7 @@ def run_bench(args: argparse.Namespace) -> int:
         zero_cost=args.zero_cost,
         charge_overhead=args.charge_overhead,
         workload_file=args.workload_file,
+        preload=args.preload,
     )
     if args.workload_file is not None:
         count = check_workload_file(args.workload, args.workload_file)
@@ -330,6 +331,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             expert_slots=args.expert_slots,
             link_gbps=args.link_gbps,
             threads=args.threads,
+            preload=args.preload,
             **({} if args.reads_in_flight is None else {"queue_depth": args.reads_in_flight}),
         )
         for concurrency, fraction, barrier, policy in itertools.product(

@@ -228,6 +228,12 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         help="steps run before measuring (sim: replayed into the cache, what the prompt left there)",
     )
     bench.add_argument(
+        "--preload",
+        action="store_true",
+        help="every expert that fits in the cache is loaded before the run (not counted as reads), "
+        "as an engine that loaded its model at start",
+    )
+    bench.add_argument(
         "--zero-cost",
         action="store_true",
         help="sim: charge no time for compute or reads, to measure the runtime's own overhead per job",

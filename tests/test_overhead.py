@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -79,6 +80,21 @@ def test_bench_rows_report_overhead_per_job_group_and_read() -> None:
     assert isinstance(row["host_cpu"], str) and row["host_cpu"]  # the machine the times are from
 
 
+def test_preload_leaves_nothing_to_read_when_every_expert_fits() -> None:
+    """``--preload``: "every expert resident" measured with no cold reads; free slots are filled;
+    a cache the warm-up already filled is left as it was (the same reads, the same throughput)."""
+    whole = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 1.0, 3, warmup_steps=1, zero_cost=True)
+    cold, warm = run_point(whole), run_point(replace(whole, preload=True))
+    assert cold["reads"] > 0 and warm["reads"] == 0 and warm["fetches"] == 0
+    assert warm["jobs"] == cold["jobs"] and warm["groups_run"] == cold["groups_run"]
+    part = replace(whole, cache_fraction=0.3)  # one warm-up step leaves most of it free: filled
+    assert 0 < run_point(replace(part, preload=True))["reads"] < run_point(part)["reads"]
+    full = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 8, 0.1, 2, warmup_steps=8)  # the warm-up fills it
+    plain, preloaded = run_point(full), run_point(replace(full, preload=True))
+    assert preloaded["reads"] == plain["reads"] > 0
+    assert preloaded["tokens_per_s"] == plain["tokens_per_s"]
+
+
 def test_charging_overhead_slows_the_simulated_run_down() -> None:
     plain = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1)
     charged = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1, charge_overhead=True)
@@ -87,7 +103,6 @@ def test_charging_overhead_slows_the_simulated_run_down() -> None:
 
 
 def test_the_paper_runner_charges_every_bench_point_when_asked() -> None:
-    from dataclasses import replace
 
     from runahead.paper.runner import point_key
     from runahead.paper.settings import TINY, figure_points
