@@ -95,6 +95,17 @@ def test_preload_leaves_nothing_to_read_when_every_expert_fits() -> None:
     assert preloaded["tokens_per_s"] == plain["tokens_per_s"]
 
 
+def test_a_stored_rows_key_is_unchanged_by_the_preload_field() -> None:
+    """Rows stored before ``preload`` existed keep their keys (``bench paper`` resumes from them)."""
+    import json
+
+    from runahead.paper.runner import point_key
+
+    point = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 2)
+    assert "preload" not in json.loads(point_key(point))
+    assert json.loads(point_key(replace(point, preload=True)))["preload"] is True
+
+
 def test_charging_overhead_slows_the_simulated_run_down() -> None:
     plain = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1)
     charged = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1, charge_overhead=True)

@@ -39,6 +39,8 @@ def point_key(point: Point) -> str:
         del fields["charge_overhead"]  # added later: keys of rows stored before it stay valid
     if "workload_file" in fields and fields["workload_file"] is None:
         del fields["workload_file"]  # likewise
+    if fields.get("preload") is False:
+        del fields["preload"]  # likewise
     return json.dumps({"kind": type(point).__name__, **fields}, sort_keys=True)
 
 
