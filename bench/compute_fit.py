@@ -296,6 +296,9 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
     if run is None:
         return
     rows, sync, fit, rounds, measured = run
+    if len(measured) < window:
+        print(f"--bound: {len(measured)} whole measured rounds, fewer than a window of {window}")
+        return
     layers = fit.last_layer + 1
     starts = sorted({round(i * (len(measured) - window) / max(1, windows - 1)) for i in range(windows)})
     cases = []
@@ -407,7 +410,14 @@ if __name__ == "__main__":
     bound: tuple[int, int, int] | None = None
     if "--bound" in args:  # --bound WINDOW CASES MAX_NODES: the small-case model at measured costs
         at = args.index("--bound")
-        bound = (int(args[at + 1]), int(args[at + 2]), int(args[at + 3]))
+        try:
+            bound = (int(args[at + 1]), int(args[at + 2]), int(args[at + 3]))
+        except (IndexError, ValueError):
+            raise SystemExit(
+                "--bound takes WINDOW CASES MAX_NODES, three whole numbers (e.g. --bound 2 6 2000000)"
+            ) from None
+        if min(bound) < 1:
+            raise SystemExit(f"--bound's WINDOW, CASES and MAX_NODES must each be at least 1, not {bound}")
         del args[at : at + 4]
     try:
         main(args)
