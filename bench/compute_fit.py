@@ -290,7 +290,7 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
     nothing). Printed per case and summed over the cases: the shares of sync's limit's gain of the
     exact bound (where the search ends within ``max_nodes`` decisions), the best holds and pilot
     schedules, the floor, and the groupings played through the model; then each measured row's own
-    share, beside them.
+    share, beside them. The same figures go to ``OUT/bound.json``.
     """
     run = load_run(out, "--bound")
     if run is None:
@@ -374,14 +374,20 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
     measured_limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
     best = next(name for name in ("bound", "holds", "pilot") if f"{name}_ms" in totals)
     best_round = totals[f"{best}_ms"] / steps / 1e3
+    runs = []
     for row in rows:
         if row["policy"] != "sync":
             x = row["tokens_per_s"] / sync["tokens_per_s"]
+            share, of_best = (x - 1) / (measured_limit - 1), row["step_time_s"] / best_round
+            runs.append({"policy": row["policy"], "x_sync": x, "share_of_limit": share, "step_of_best": of_best})
             print(
-                f"  measured {row['policy']}: {x:.2f}x sync, {(x - 1) / (measured_limit - 1):.0%} of the "
-                f"measured limit's gain ({measured_limit:.2f}); its step {row['step_time_s'] / best_round:.2f}x "
-                f"the model's {best} round"
+                f"  measured {row['policy']}: {x:.2f}x sync, {share:.0%} of the measured limit's gain "
+                f"({measured_limit:.2f}); its step {of_best:.2f}x the model's {best} round"
             )
+    model_rounds = {key[:-3]: totals[key] / steps for key in totals if key.endswith("_ms")}
+    summary = {"window": window, "cases": totals["cases"], "fetch_s": fetch_s, "best": best}
+    summary |= {"model": summed, "model_round_ms": model_rounds, "measured_limit": measured_limit, "runs": runs}
+    Path(out, "bound.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
 BOUND_SCHEDULES = ("sync", "bound", "holds", "pilot", "floor", "paper", "bottleneck")
