@@ -17,6 +17,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from runahead.metrics import overlap_limit
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,7 +40,7 @@ def main() -> None:
         by_policy = {(row["concurrency"], row["policy"]): row for row in map(json.loads, path.read_text().splitlines())}
         for (requests, policy), row in by_policy.items():
             sync = by_policy[requests, "sync"]
-            limit = (sync["compute_s"] + sync["fetch_s"]) / max(sync["compute_s"], sync["fetch_s"])
+            limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
             ratio = row["tokens_per_s"] / sync["tokens_per_s"]
             same = float(row["token_digest"] == sync["token_digest"])
             share = (ratio - 1) / (limit - 1)

@@ -327,18 +327,19 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
         f"{fetch_s * 1e3:.2f} ms a read (the run's sync: {sync['fetch_s'] / sync['fetches_per_step'] * 1e3:.2f}), "
         f"{sync['cache_slots']} slots"
     )
-    totals: dict[str, float] = {}
+    summed_keys = ("sync_compute_ms", "bottleneck_compute_ms", "bound_compute_ms", "fetch_ms")
+    summed_keys += tuple(f"{name}_ms" for name in BOUND_SCHEDULES)
+    totals: dict[str, float] = {}  # milliseconds, summed over the cases
+    searched = 0  # cases whose exact search ended
     for epochs, selections, resident, _ in cases:
         row = bound_row(SmallCase(selections, resident, fetch_s, fit), search=True, max_nodes=max_nodes)
-        computes = ("sync_compute_ms", "bottleneck_compute_ms", "bound_compute_ms")
-        for key in (*computes, "fetch_ms", *(f"{name}_ms" for name in BOUND_SCHEDULES)):
+        for key in summed_keys:
             if key in row:
                 totals[key] = totals.get(key, 0.0) + row[key]  # type: ignore[operator]
-        totals["cases"] = totals.get("cases", 0) + 1
-        totals["searched"] = totals.get("searched", 0) + ("bound_ms" in row)
+        searched += "bound_ms" in row
         shares = " ".join(f"{name} {_share(row, name)}" for name in BOUND_SCHEDULES[1:])
         print(f"  rounds {epochs[0]}-{epochs[-1]}: limit {row['limit']:.2f}; share of its gain: {shares}")
-    if totals["searched"] < totals["cases"]:
+    if searched < len(cases):
         totals.pop("bound_ms", None)  # a sum over some cases only is no bound
     limit = overlap_limit(totals["sync_compute_ms"], totals["fetch_ms"])
     summed = {"limit": limit} | {
@@ -346,7 +347,7 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
         for name in BOUND_SCHEDULES
         if f"{name}_ms" in totals
     }
-    steps = totals["cases"] * window
+    steps = len(cases) * window
     print(
         f"  summed: sync {totals['sync_compute_ms'] / steps:.1f} ms compute + {totals['fetch_ms'] / steps:.1f} "
         f"ms link a round in the model (measured {sync['compute_s'] * 1e3:.1f} + {sync['fetch_s'] * 1e3:.1f}); "
@@ -384,8 +385,8 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
                 f"  measured {row['policy']}: {x:.2f}x sync, {share:.0%} of the measured limit's gain "
                 f"({measured_limit:.2f}); its step {of_best:.2f}x the model's {best} round"
             )
-    model_rounds = {key[:-3]: totals[key] / steps for key in totals if key.endswith("_ms")}
-    summary = {"window": window, "cases": totals["cases"], "fetch_s": fetch_s, "best": best}
+    model_rounds = {key.removesuffix("_ms"): value / steps for key, value in totals.items()}
+    summary = {"window": window, "cases": len(cases), "fetch_s": fetch_s, "best": best}
     summary |= {"model": summed, "model_round_ms": model_rounds, "measured_limit": measured_limit, "runs": runs}
     Path(out, "bound.json").write_text(json.dumps(summary, indent=1) + "\n")
 
