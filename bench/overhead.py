@@ -258,9 +258,11 @@ def overhead_points(
     workload: str = "chat",
     concurrencies: tuple[int, ...] = CONCURRENCIES,
     fractions: tuple[float, ...] = FRACTIONS,
+    preload: bool = False,
 ) -> list[dict[str, Any]]:
     """The points compared: Qwen3.6 on the Thor, every policy, concurrency and cache fraction given
-    (``agentic``: prompts prefilled in chunks and waves; ``chat`` prefills nothing)."""
+    (``agentic``: prompts prefilled in chunks and waves; ``chat`` prefills nothing; ``preload``:
+    every expert that fits is resident before the run, as ``runahead bench --preload``)."""
     return [
         {
             "model": "qwen3.6-35b-a3b",
@@ -271,6 +273,7 @@ def overhead_points(
             "steps": steps,
             "zero_cost": not real,
             "workload": workload,
+            **({"preload": True} if preload else {}),
         }
         for concurrency in concurrencies
         for fraction in fractions
@@ -339,6 +342,9 @@ def main() -> int:
     )
     parser.add_argument("--concurrency", help="comma list instead of 8,16")
     parser.add_argument("--cache-fraction", help="comma list instead of 1.0,0.3")
+    parser.add_argument(
+        "--preload", action="store_true", help="fill the cache before each run (runahead bench --preload)"
+    )
     args = parser.parse_args()
     points = overhead_points(
         args.steps,
@@ -346,6 +352,7 @@ def main() -> int:
         args.workload,
         tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else CONCURRENCIES,
         tuple(float(f) for f in args.cache_fraction.split(",")) if args.cache_fraction else FRACTIONS,
+        args.preload,
     )
     if args.check:
         return compare_decisions(args.before, args.after)

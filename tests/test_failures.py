@@ -107,6 +107,24 @@ def test_the_sim_refuses_a_job_whose_experts_are_not_pinned(monkeypatch: pytest.
         run(SimBackend(TRACE, COSTS))
 
 
+def test_the_sim_refuses_a_group_whose_slot_was_refilled_while_it_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broken cache that gives away a pinned expert's slot: the read into it lands during the compute."""
+
+    def take_any_slot(self: ExpertCache, last_resort: bool = False) -> int | None:
+        if self._free_slots:
+            return self._free_slots.pop()
+        expert = next(iter(self._resident))  # the oldest resident, pinned or not
+        self._idle.discard(expert)
+        return self._resident.pop(expert)
+
+    monkeypatch.setattr(ExpertCache, "_take_slot", take_any_slot)
+    trace = random_trace(requests=3, steps=2, layers=3, experts=6, top_k=2, seed=1)
+    with pytest.raises(BrokenPromise, match="group at layer 1 was evicted while it computed"):
+        run(SimBackend(trace, COSTS))
+
+
 # -- fault isolation: a failed read or compute fails only the requests that needed it ----------
 
 ISOLATION_TRACE = random_trace(requests=4, steps=6, layers=3, experts=16, top_k=2, seed=11)
