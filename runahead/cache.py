@@ -202,12 +202,16 @@ class ExpertCache:
         """Pinned by a job, with no read started (the state ``WANTED``)."""
         return expert in self._refs and expert not in self._resident and expert not in self._pending
 
-    def pinned_slots(self, experts: Sequence[ExpertId]) -> list[int] | None:
-        """The slots of ``experts`` if every one is resident and pinned (jobs ready to compute), else None."""
-        slots = list(map(self._resident.get, experts))
-        if None in slots or not all(map(self._refs.__contains__, experts)):
+    def pinned_slots(self, experts: Sequence[ExpertId]) -> list[int | None] | None:
+        """The slot of each of ``experts`` (None for one not resident) if every one is pinned, else None.
+
+        Jobs are ready to compute when no slot is None. The caller looks for None only when it must
+        (the sim compares the slots' contents with ``experts`` first, which a None fails): a scan
+        of every slot for None costs about what a look-up does.
+        """
+        if not all(map(self._refs.__contains__, experts)):
             return None
-        return slots  # type: ignore[return-value]  # no None in it
+        return list(map(self._resident.get, experts))
 
     def pinned_count(self) -> int:
         """Entries with a nonzero refcount (any state)."""

@@ -13,7 +13,7 @@ import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NoReturn, Protocol, cast
 
 from runahead.backend import BrokenPromise
 from runahead.cache import ExpertCache
@@ -138,6 +138,7 @@ class SimBackend:
         self._cache: ExpertCache | None = None
         self._landed: dict[int, ExpertId] = {}  # slot -> the expert whose read into it landed
         self._reading: dict[int, ExpertId] = {}  # slot -> the expert being read into it
+        self._reads_begun = 0  # reads started so far: a slot's content changes only when one starts
 
     def watch(self, cache: ExpertCache) -> None:
         """Check at every compute that each job's experts are resident, landed and pinned."""
@@ -163,6 +164,7 @@ class SimBackend:
         expert = expert_id(key)  # what the check at each compute compares (the cache's ids)
         self._landed.pop(slot, None)
         self._reading[slot] = expert
+        self._reads_begun += 1
         if self.zero_cost:
             await self.clock.sleep(0.0)
         else:
@@ -177,9 +179,14 @@ class SimBackend:
         jobs = group.jobs
         requests = self._requests
         states = [requests[job.request] for job in jobs]
-        held = self._check_experts(group)
+        held, begun = self._check_experts(group), self._reads_begun
         await self.clock.sleep(0.0 if self.zero_cost else self._duration(group, states))
-        if held is not None and list(map(self._landed.get, held[0])) != held[1]:
+        # only a read started meanwhile can have changed a slot: look again only then
+        if (
+            held is not None
+            and self._reads_begun != begun
+            and list(map(self._landed.get, held[0])) != held[1]
+        ):
             raise BrokenPromise(
                 f"an expert of the group at layer {group.layer} was evicted while it computed"
             )
@@ -228,10 +235,12 @@ class SimBackend:
         if slots is None:
             self._refuse_unready(group, cache)
         landed = self._landed
-        held = list(map(landed.get, slots))  # type: ignore[arg-type]
+        held = list(map(landed.get, slots))  # type: ignore[arg-type]  # None finds nothing: held differs
         if held != ids:  # only where they differ (a slot the run warmed is seen for the first time)
+            if None in slots:  # an expert not resident holds no slot
+                self._refuse_unready(group, cache)
             for index in itertools.compress(range(len(ids)), map(operator.ne, held, ids)):
-                expert, slot, content = ids[index], slots[index], held[index]  # type: ignore[index]
+                expert, slot, content = ids[index], cast(int, slots[index]), held[index]
                 if content is None and slot not in self._reading:
                     landed[slot] = held[index] = expert  # warmed: it holds what the cache put there
                 elif content != expert:
@@ -248,7 +257,7 @@ class SimBackend:
         return slots, held  # type: ignore[return-value]
 
     @staticmethod
-    def _refuse_unready(group: Group, cache: ExpertCache) -> None:
+    def _refuse_unready(group: Group, cache: ExpertCache) -> NoReturn:
         """Raise naming the first expert of the group that is not resident and pinned."""
         for job in group.jobs:
             for key in job.keys:
