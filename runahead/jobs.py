@@ -85,6 +85,11 @@ def expert_keys(experts: Iterable[ExpertId]) -> tuple[ExpertKey, ...]:
     return tuple(map(_KEY_OF.__getitem__, experts))
 
 
+def waves_needed(jobs: Iterable[Job], budget: int) -> bool:
+    """Whether a job needs more than ``budget`` experts (it must be split into waves)."""
+    return any(map(budget.__lt__, map(len, map(_experts_of, jobs))))
+
+
 def job_ids(jobs: Iterable[Job]) -> list[ExpertId]:
     """Every job's expert ids, job after job (a group's, flattened once, without a loop per expert)."""
     return list(chain.from_iterable(map(_ids_of, jobs)))
@@ -166,6 +171,23 @@ class Job:
             self.num_tokens,
             self.predicted_next,
             self.epoch,
+            self.remaining,
+            self.wave,
+            self.prefill,
+        )
+
+    def at_epoch(self, epoch: int) -> Job:
+        """This job with ``epoch`` (what ``dataclasses.replace`` makes, built directly: the step
+        barrier releases every request's entry job at every step)."""
+        return Job(
+            self.request,
+            self.step,
+            self.layer,
+            self.experts,
+            self.lane,
+            self.num_tokens,
+            self.predicted_next,
+            epoch,
             self.remaining,
             self.wave,
             self.prefill,

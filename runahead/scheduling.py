@@ -24,7 +24,7 @@ import enum
 import itertools
 import operator
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from runahead.bottleneck import (
     HOLD_MIN_COMPUTE_SHARE,
@@ -439,7 +439,7 @@ class StepBarrier:
 
     def _release(self) -> list[Job]:
         self.round += 1
-        released = [replace(job, epoch=self.round) for job in self._held]
+        released = [job.at_epoch(self.round) for job in self._held]
         self._held = []
         self._members = {job.request for job in released}
         return released

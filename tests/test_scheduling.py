@@ -1,5 +1,7 @@
 """Algorithm 1 as pure code: group choice, fetch choice, prefetch hints, the step barrier, policy names."""
 
+import dataclasses
+
 import pytest
 
 from runahead.cache import ExpertCache
@@ -159,6 +161,15 @@ def test_step_barrier_holds_entry_jobs_until_the_round_ends() -> None:
     assert barrier.arrive([job(2, ENTRY_LAYER)]) == []  # joins at the next round
     released = barrier.token_done(1, None)  # request 1 ends; the round is over
     assert sorted(j.request for j in released) == [0, 2] and {j.epoch for j in released} == {1}
+
+
+def test_a_job_at_an_epoch_is_the_job_with_only_its_epoch_changed() -> None:
+    """``Job.at_epoch`` builds what ``dataclasses.replace`` would (a new field must be passed on too)."""
+    full = Job(3, 5, 7, (1, 2), lane=4, num_tokens=9, predicted_next=(6,), epoch=2, remaining=(8,), wave=1)
+    prompt = Job(1, 0, ENTRY_LAYER, num_tokens=16, prefill=True)
+    for original in (full, prompt):
+        moved = original.at_epoch(11)
+        assert moved == dataclasses.replace(original, epoch=11) and moved.ids == original.ids
 
 
 def test_step_barrier_off_passes_jobs_through() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from runahead.backend import Backend
 from runahead.cache import ExpertCache, admissible
-from runahead.jobs import ExpertId, Job, RequestSpec, expert_ids
+from runahead.jobs import ExpertId, Job, RequestSpec, expert_ids, waves_needed
 from runahead.mailbox import serve
 from runahead.messages import (
     Blocked,
@@ -107,11 +107,7 @@ class JobIssuer:
         (:meth:`_issue`), since splitting a job into waves looks at the pins of the jobs before it.
         """
         budget = self.backend.experts_per_job
-        if (
-            self.predictor is not None
-            or self.recorder.record_selections
-            or any(len(job.experts) > budget for job in jobs)
-        ):
+        if self.predictor is not None or self.recorder.record_selections or waves_needed(jobs, budget):
             return tuple([issued for job in jobs if (issued := self._issue(job)) is not None])
         ready = []
         for job, missing in zip(jobs, self.cache.pin_jobs(jobs), strict=True):
