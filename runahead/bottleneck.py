@@ -91,14 +91,25 @@ class Hold:
     deadline: float
 
 
-HOLD_MIN_COMPUTE_SHARE = 1.1
+HOLD_MIN_COMPUTE_SHARE = 0.9
 """Groups below the tail layer are held only while compute busy time is at least this share of link
-busy time so far: short of that, the compute saved buys nothing (the link is the bottleneck, and its
-own idle time at each step's start and end outweighs it), and the paper's rule keeps the link fed."""
+busy time so far: well short of that, the compute saved buys nothing (the link is the bottleneck,
+and its own idle time at each step's start and end outweighs it), and the paper's rule keeps the
+link fed. Near balance it still pays: a step's start and end run on the compute unit alone, so
+compute saved there shortens the step even when the link is busier over the whole step (measured in
+the small-case model, docs/results-core.md, "The gate at 0.9 and the link's slack"; 1.1 until then).
+"""
 
 HOLD_MIN_TAIL_SHARE = 0.8
 """Tail groups are held only while compute busy time is at least this share of link busy time: far
 from the compute bottleneck a held group's pins only crowd a small cache (more reads)."""
+
+
+HOLD_LINK_SLACK = 0.5
+"""Below the tail, a held group may end after the link runs out of revealed reads by up to this share
+of the compute it saves: the link then idles that long at most, while the compute unit, near enough
+the bottleneck to hold at all, is spared twice as much (measured with the gate above; 0 until then).
+"""
 
 
 def may_hold(compute_share: float) -> bool:
@@ -174,10 +185,11 @@ def weigh_hold(
     * compute: the shared work it saves, ``g(ready) + g(k jobs) - g(ready + k jobs)``, exceeds the
       time the compute unit idles waiting, ``t_k - now``;
     * link (below the tail): the held group ends, revealing its reads, no later than the link runs
-      out of revealed reads (``link_free_at``) or than the ready group computed now would end:
-      ``t_k + g(ready + k jobs) <= max(link_free_at, now + g(ready))``. Reveals are paced to the
-      link: hold while the queue of revealed reads covers the wait and the bigger group; when it
-      would drain, compute now;
+      out of revealed reads (``link_free_at``) or than the ready group computed now would end, give
+      or take half the compute the wait saves (:data:`HOLD_LINK_SLACK`):
+      ``t_k + g(ready + k jobs) <= max(link_free_at, now + g(ready)) + slack * gain``. Reveals are
+      paced to the link: hold while the queue of revealed reads covers the wait and the bigger
+      group; when it would drain for longer than the hold is worth, compute now;
     * at the tail (``tail``: the last layer under the step barrier, whose reveals give the link
       nothing before the barrier releases), instead: the layer ends no later than computing now
       and the rest as one group once the last is ready would.
@@ -207,7 +219,7 @@ def weigh_hold(
         if gain <= best_gain + 1e-12:
             continue
         end = _layer_done(start, g_together, waiting, k, price) if tail else start + g_together
-        if end <= limit + 1e-12:
+        if end <= limit + (0.0 if tail else HOLD_LINK_SLACK * gain) + 1e-12:
             best, best_gain = start, gain
     return HoldVerdict(best, top_gain)
 

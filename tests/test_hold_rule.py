@@ -13,7 +13,7 @@ from groupinghelpers import job, shared_plus_per_job, states
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runahead.bottleneck import HoldVerdict, landing_order, landing_times, weigh_hold
+from runahead.bottleneck import HOLD_LINK_SLACK, HoldVerdict, landing_order, landing_times, weigh_hold
 from runahead.costs import CostModel
 from runahead.jobs import ExpertKey, Job
 from runahead.specs import load_model_spec, load_profile
@@ -46,7 +46,7 @@ def _weigh_every_wait(
             others = [job for _, job in waiting]
             limit = max(now + g_ready, waiting[-1][0]) + group_s(others)
         else:
-            end, limit = start + together, max(link_free_at, now + g_ready)
+            end, limit = start + together, max(link_free_at, now + g_ready) + HOLD_LINK_SLACK * gain
         if end <= limit + 1e-12:
             best, best_gain = start, gain
     return HoldVerdict(best, top_gain)
@@ -100,6 +100,16 @@ def test_it_runs_ahead_when_holding_would_starve_the_link() -> None:
     # 0.5 s away at 1.7 (the wait is cheaper than the compute saved, but the link would idle longer)
     ready, late = [job(0, 3)], job(1, 3)
     assert weigh_hold(0.0, ready, [(0.5, late)], 0.0, shared_plus_per_job(1.0, 0.1)).deadline is None
+
+
+def test_it_holds_when_the_link_idles_for_less_than_half_the_compute_saved() -> None:
+    # nothing queued on the link: computing now reveals the next reads at 1.1; holding for a job
+    # 0.2 s away reveals them at 1.4, the link idle 0.3 s longer, for 0.8 s of compute saved (net of
+    # the wait): within the slack of half of it (0.4 s), so it holds. The same wait with 0.5 s of
+    # idle (above: 0.6 s later for 0.5 s saved) does not.
+    assert HOLD_LINK_SLACK == 0.5
+    ready, late = [job(0, 3)], job(1, 3)
+    assert weigh_hold(0.0, ready, [(0.2, late)], 0.0, shared_plus_per_job(1.0, 0.1)).deadline == 0.2
 
 
 def test_it_computes_now_when_the_wait_costs_more_than_the_compute_saved() -> None:
