@@ -160,9 +160,9 @@ class Job:
         """The cache keys of the experts this job needs (``ids`` as keys)."""
         return expert_keys(self.ids)
 
-    def __reduce__(self) -> tuple[type[Job], tuple[Any, ...]]:
-        """Pickled by its fields: another process numbers experts its own way (``ids`` are rebuilt)."""
-        return Job, (
+    def fields(self) -> tuple[Any, ...]:
+        """The constructor's arguments, in order (``ids`` are derived, not passed)."""
+        return (
             self.request,
             self.step,
             self.layer,
@@ -176,22 +176,15 @@ class Job:
             self.prefill,
         )
 
+    def __reduce__(self) -> tuple[type[Job], tuple[Any, ...]]:
+        """Pickled by its fields: another process numbers experts its own way (``ids`` are rebuilt)."""
+        return Job, self.fields()
+
     def at_epoch(self, epoch: int) -> Job:
         """This job with ``epoch`` (what ``dataclasses.replace`` makes, built directly: the step
         barrier releases every request's entry job at every step)."""
-        return Job(
-            self.request,
-            self.step,
-            self.layer,
-            self.experts,
-            self.lane,
-            self.num_tokens,
-            self.predicted_next,
-            epoch,
-            self.remaining,
-            self.wave,
-            self.prefill,
-        )
+        request, step, layer, experts, lane, tokens, predicted, _, remaining, wave, prefill = self.fields()
+        return Job(request, step, layer, experts, lane, tokens, predicted, epoch, remaining, wave, prefill)
 
     @property
     def progress(self) -> tuple[int, int]:
