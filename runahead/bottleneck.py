@@ -185,8 +185,8 @@ def weigh_hold(
     * compute: the shared work it saves, ``g(ready) + g(k jobs) - g(ready + k jobs)``, exceeds the
       time the compute unit idles waiting, ``t_k - now``;
     * link (below the tail): the held group ends, revealing its reads, no later than the link runs
-      out of revealed reads (``link_free_at``) or than the ready group computed now would end, give
-      or take half the compute the wait saves (:data:`HOLD_LINK_SLACK`):
+      out of revealed reads (``link_free_at``) or than the ready group computed now would end, plus
+      half the compute the wait saves (:data:`HOLD_LINK_SLACK`):
       ``t_k + g(ready + k jobs) <= max(link_free_at, now + g(ready)) + slack * gain``. Reveals are
       paced to the link: hold while the queue of revealed reads covers the wait and the bigger
       group; when it would drain for longer than the hold is worth, compute now;
