@@ -252,7 +252,7 @@ def test_a_close_on_another_thread_never_frees_the_pool_under_a_submit() -> None
         thread = threading.Thread(target=lambda: loop.run_until_complete(submit_all()))  # noqa: B023
         thread.start()
         started.wait(5)
-        asyncio.run(close_here())
+        asyncio.run(asyncio.wait_for(close_here(), 10))  # a read never settled fails, not hangs
         thread.join(10)
         assert not thread.is_alive()
         loop.close()

@@ -154,6 +154,7 @@ class NativeReads:
         self._out = (ctypes.c_int64 * (3 * DRAIN))()
         self._closed = False
         self._calls = threading.Lock()  # a submit's C call (the GIL let go) against the pool's free
+        self._draining = threading.Lock()  # ``_out`` is filled and read by one drain at a time
         self._freed = False
         self._final_io = 0
 
@@ -198,28 +199,38 @@ class NativeReads:
         self._loop = loop
 
     def _drain(self) -> None:
-        """On the loop: empty the pipe, then settle every finished read's future."""
+        """On a watching loop (or at close): empty the pipe, then settle every finished read's future."""
         try:
             while os.read(self._wake_read, 4096):
                 pass
         except BlockingIOError:
             pass
+        here = _running_loop()
         out = self._out
-        while n := self._lib.runahead_reads_drain(self._handle, out, DRAIN):
-            for i in range(0, 3 * n, 3):
-                self._settle(out[i], out[i + 1], out[i + 2])
-            if n < DRAIN:
-                break
+        with self._draining:  # one buffer: two loops draining at once would read each other's entries
+            while n := self._lib.runahead_reads_drain(self._handle, out, DRAIN):
+                for i in range(0, 3 * n, 3):
+                    self._settle(out[i], out[i + 1], out[i + 2], here)
+                if n < DRAIN:
+                    break
 
-    def _settle(self, job: int, status: int, detail: int) -> None:
+    def _settle(self, job: int, status: int, detail: int, here: asyncio.AbstractEventLoop | None) -> None:
+        """Settle ``job``'s future from the loop ``here`` (None: no loop runs on this thread).
+
+        NOTE (which thread may settle): two loops on two threads may both watch the pipe (one that
+        submitted before the other took over still runs), so either may drain the other's reads. A
+        future is settled directly only on its own loop's thread, or where no loop runs it at all;
+        otherwise through ``call_soon_threadsafe``, which also wakes that loop: settled directly from
+        another thread, its waiter would sleep in the selector for good.
+        """
         future, plan = self._waiting.pop(job)
         error = None if status == 0 else self._error(plan, status, detail)
         loop = future.get_loop()
         if loop.is_closed():
             return  # nobody can await it any more
-        if loop is self._loop:
+        if loop is here or (here is None and not loop.is_running()):
             settle(future, error)
-        else:  # submitted on another loop that is still running elsewhere
+        else:  # its loop runs on another thread
             loop.call_soon_threadsafe(settle, future, error)
 
     @staticmethod
@@ -268,12 +279,17 @@ class NativeReads:
         os.close(self._wake_write)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop running on this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _runs(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether ``loop`` is the one running on this thread."""
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
+    return _running_loop() is loop
 
 
 async def read(
