@@ -82,6 +82,9 @@ class Outlook:
     pricer: GroupPricer | None = None
     """``group_s`` job by job (a backend's cost model: :class:`runahead.costs.GroupCost`);
     None: the rule calls ``group_s`` on each whole candidate group."""
+    measured: bool = False
+    """Costs measured on a real backend (a fit, the link's own pace), not a model's: the rule holds
+    more cautiously (:data:`HOLD_MIN_MEASURED_SHARE`, no link slack)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +101,14 @@ and its own idle time at each step's start and end outweighs it), and the paper'
 link fed. Near balance it still pays: a step's start and end run on the compute unit alone, so
 compute saved there shortens the step even when the link is busier over the whole step (measured in
 the small-case model, docs/results-core.md, "The gate at 0.9 and the link's slack"; 1.1 until then).
+With measured costs the gate is :data:`HOLD_MIN_MEASURED_SHARE`.
 """
+
+HOLD_MIN_MEASURED_SHARE = 1.1
+"""The gate below the tail where the costs are measured (``Outlook.measured``: torch, MLX): a fit
+prices groups 7-16% off and the link's pace drifts, so holds near balance are bets the rule cannot
+price; the README's demo (small model, experts on disk) ran 1.08x sync (median of five) with them
+against 1.32x without, alternating (docs/results-torch.md, "The gate at 0.9 on torch")."""
 
 HOLD_MIN_TAIL_SHARE = 0.8
 """Tail groups are held only while compute busy time is at least this share of link busy time: far
@@ -109,6 +119,7 @@ HOLD_LINK_SLACK = 0.5
 """Below the tail, a held group may end after the link runs out of revealed reads by up to this share
 of the compute it saves: the link then idles that long at most, while the compute unit, near enough
 the bottleneck to hold at all, is spared twice as much (measured with the gate above; 0 until then).
+None with measured costs (the saving is an estimate there, the link's idle is not).
 """
 
 
@@ -173,6 +184,7 @@ def weigh_hold(
     *,
     tail: bool = False,
     pricer: GroupPricer | None = None,
+    slack: float = HOLD_LINK_SLACK,
 ) -> HoldVerdict:
     """Whether to hold the ready group back, and why: a :class:`HoldVerdict`.
 
@@ -186,7 +198,7 @@ def weigh_hold(
       time the compute unit idles waiting, ``t_k - now``;
     * link (below the tail): the held group ends, revealing its reads, no later than the link runs
       out of revealed reads (``link_free_at``) or than the ready group computed now would end, plus
-      half the compute the wait saves (:data:`HOLD_LINK_SLACK`):
+      ``slack`` of the compute the wait saves (default :data:`HOLD_LINK_SLACK`):
       ``t_k + g(ready + k jobs) <= max(link_free_at, now + g(ready)) + slack * gain``. Reveals are
       paced to the link: hold while the queue of revealed reads covers the wait and the bigger
       group; when it would drain for longer than the hold is worth, compute now;
@@ -219,7 +231,7 @@ def weigh_hold(
         if gain <= best_gain + 1e-12:
             continue
         end = _layer_done(start, g_together, waiting, k, price) if tail else start + g_together
-        if end <= limit + (0.0 if tail else HOLD_LINK_SLACK * gain) + 1e-12:
+        if end <= limit + (0.0 if tail else slack * gain) + 1e-12:
             best, best_gain = start, gain
     return HoldVerdict(best, top_gain)
 

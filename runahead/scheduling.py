@@ -27,7 +27,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from runahead.bottleneck import (
+    HOLD_LINK_SLACK,
     HOLD_MIN_COMPUTE_SHARE,
+    HOLD_MIN_MEASURED_SHARE,
     HOLD_MIN_TAIL_SHARE,
     Hold,
     Outlook,
@@ -166,7 +168,8 @@ class ComputeQueue:
         Without ``bottleneck`` grouping, or without an ``outlook``, this is :meth:`select_group`.
         With it, the opportunistic group may be held back for blocked jobs of its layer, as
         :func:`weigh_hold` decides, while the compute unit is near enough to the bottleneck:
-        ``compute_share >= HOLD_MIN_COMPUTE_SHARE``, or ``HOLD_MIN_TAIL_SHARE`` at the tail layer
+        ``compute_share >= HOLD_MIN_COMPUTE_SHARE`` (``HOLD_MIN_MEASURED_SHARE`` with measured costs),
+        or ``HOLD_MIN_TAIL_SHARE`` at the tail layer
         (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). A group
         returned is the opportunistic one.
         """
@@ -176,7 +179,8 @@ class ComputeQueue:
             members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
             # a prefill wave before the last reveals its next wave's experts: not a tail group
             tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
-            gate = HOLD_MIN_TAIL_SHARE if tail else HOLD_MIN_COMPUTE_SHARE
+            below = HOLD_MIN_MEASURED_SHARE if outlook.measured else HOLD_MIN_COMPUTE_SHARE
+            gate = HOLD_MIN_TAIL_SHARE if tail else below
             same = [job for job in outlook.blocked if job.layer == layer]
             if same and outlook.compute_share >= gate:
                 landing, link_free_at = landing_times(
@@ -191,6 +195,7 @@ class ComputeQueue:
                     outlook.group_s,
                     tail=tail,
                     pricer=outlook.pricer,
+                    slack=0.0 if outlook.measured else HOLD_LINK_SLACK,
                 ).deadline
                 if deadline is not None:
                     return Hold(deadline)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -16,6 +17,7 @@ from runahead.actors.scheduler import ComputeScheduler
 from runahead.backends.sim import FixedCosts, sim_token
 from runahead.bottleneck import (
     HOLD_MIN_COMPUTE_SHARE,
+    HOLD_MIN_MEASURED_SHARE,
     HOLD_MIN_TAIL_SHARE,
     ComputeFit,
     Hold,
@@ -101,6 +103,29 @@ def test_plan_groups_as_the_paper_when_compute_is_far_from_the_bottleneck() -> N
     view = states(pending={ExpertKey(3, 4)})
     choice = queue.plan({}, {}, outlook([job(1, 3, (4,))], view, share=HOLD_MIN_COMPUTE_SHARE / 2))
     assert isinstance(choice, Group) and [j.request for j in choice.jobs] == [0]
+
+
+def test_plan_holds_more_cautiously_on_measured_costs() -> None:
+    # a share between the two gates below the tail: a cost model's outlook holds, a measured one
+    # (a fit, a real link) computes now; and the measured one gives the link no slack
+    busy_link = [job(2 + i, 9, (i,)) for i in range(40)]
+    view = states(pending={ExpertKey(3, 4)}, wanted={ExpertKey(9, i) for i in range(40)})
+    share = (HOLD_MIN_COMPUTE_SHARE + HOLD_MIN_MEASURED_SHARE) / 2
+    for measured, expected in ((False, Hold), (True, Group)):
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+        queue.add(job(0, 3))
+        modelled = outlook([job(1, 3, (4,)), *busy_link], view, share=share)
+        seen = dataclasses.replace(modelled, measured=measured)
+        assert isinstance(queue.plan({}, {}, seen), expected)
+    # the link idle but for one read landing at 0.2: holding ends the group at 1.4, 0.3 s after the
+    # link runs dry (computing now would end at 1.1), for 0.8 s of compute saved: within the slack
+    # of a cost model, not allowed on measured costs
+    for measured, expected in ((False, Hold), (True, Group)):
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+        queue.add(job(0, 3))
+        late = outlook([job(1, 3, (4,))], states(pending={ExpertKey(3, 4)}), share=2.0)
+        landing = dataclasses.replace(late, fetch_s=0.2, measured=measured)
+        assert isinstance(queue.plan({}, {}, landing), expected)
 
 
 def test_plan_holds_tail_groups_nearer_the_link_bound_than_others() -> None:

@@ -187,6 +187,7 @@ class ComputeScheduler:
             share,
             self.last_layer if self.barrier.enabled else None,
             self._pricer,
+            measured=self._model is None,
         )
 
     def _recent_share(self, compute: float, link: float) -> float:
