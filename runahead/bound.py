@@ -42,6 +42,9 @@ class SmallCase:
     resident: frozenset[ExpertKey]
     fetch_s: float
     group_s: GroupSeconds
+    measured: bool = False
+    """The costs are a real backend's, measured: the bottleneck rule plays as it does there
+    (``Outlook.measured``); the search and the floor do not depend on it."""
 
     @property
     def requests(self) -> int:
@@ -370,7 +373,15 @@ def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
             share = state.compute_busy / state.link_busy if state.link_busy else 1.0
             resident, in_flight = model.cache_view(state)
             outlook = Outlook(
-                state.now, blocked, resident, in_flight, case.fetch_s, case.group_s, share, case.layers - 1
+                state.now,
+                blocked,
+                resident,
+                in_flight,
+                case.fetch_s,
+                case.group_s,
+                share,
+                case.layers - 1,
+                measured=case.measured,
             )
         choice = queue.plan(positions, lanes, outlook)
         if isinstance(choice, Group):
