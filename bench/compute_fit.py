@@ -207,8 +207,10 @@ Rounds = dict[int, dict[int, list[Job]]]
 """A run's decode rounds: epoch -> layer -> the jobs computed there."""
 
 
-def measured_rounds(computed: list[Computed], sync: dict[str, Any]) -> tuple[ComputeFit, Rounds, list[int]]:
-    """A fit of every run's decode groups (as the runtime fits its own; sync's groups included, so
+def measured_rounds(
+    computed: list[Computed], every: list[Computed], sync: dict[str, Any]
+) -> tuple[ComputeFit, Rounds, list[int]]:
+    """A fit of ``every`` run's decode groups (as the runtime fits its own; sync's groups included, so
     the sizes the rule seldom makes are measured), and the decode rounds' jobs by epoch and layer and
     the epochs of sync's measured steps' length at the end where every request computed every layer,
     of the command's first run whose rule measures (its rounds are not mixed with another run's).
@@ -216,7 +218,7 @@ def measured_rounds(computed: list[Computed], sync: dict[str, Any]) -> tuple[Com
     first = computed[0].recorder
     computed = [group for group in computed if group.recorder == first]
     fit = ComputeFit(max(group.jobs[0].layer for group in computed))
-    for group in groups:
+    for group in every:
         fit.observe_group(group.jobs, group.end - group.start)
     rounds: Rounds = {}
     for group in computed:
@@ -241,7 +243,7 @@ def load_run(
     if len({(row["concurrency"], row["cache_fraction"]) for row in rows}) > 1:
         print(f"{option} reads one point a command (one concurrency, one cache fraction)")
         return None
-    return rows, sync, *measured_rounds(computed, sync)
+    return rows, sync, *measured_rounds(computed, groups, sync)
 
 
 def report_floor(out: str) -> None:

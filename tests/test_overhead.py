@@ -114,7 +114,6 @@ def test_charging_overhead_slows_the_simulated_run_down() -> None:
 
 
 def test_the_paper_runner_charges_every_bench_point_when_asked() -> None:
-
     from runahead.paper.runner import point_key
     from runahead.paper.settings import TINY, figure_points
 
