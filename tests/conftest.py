@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _auto_dtype_is_float32(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests judge against transformers in float32, so ``auto`` means float32 in them (on CPU it
-    would otherwise time float32 against bfloat16 and may pick either); test_dtypes.py measures."""
+    would otherwise time float32 against bfloat16 and may pick either, for a bf16 checkpoint's experts
+    on the kernel too); test_dtypes.py measures."""
     if request.node.get_closest_marker("measured_dtype") is not None:
         return
     try:
@@ -50,3 +51,4 @@ def _auto_dtype_is_float32(request: pytest.FixtureRequest, monkeypatch: pytest.M
     except ImportError:
         return
     monkeypatch.setattr(dtypes, "fastest_cpu_dtype", lambda hidden, inter: torch.float32)
+    monkeypatch.setattr(dtypes, "faster_expert_rows", lambda hidden, inter: torch.float32)

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from runahead.backends.dtypes import CANDIDATES, DTYPE_CHOICES, fastest_cpu_dtype, resolve_dtype
+from runahead.backends.dtypes import (
+    CANDIDATES,
+    DTYPE_CHOICES,
+    expert_rows_timings,
+    faster_expert_rows,
+    fastest_cpu_dtype,
+    resolve_dtype,
+)
 from runahead.backends.torch import TorchBackend
 from runahead.cli_parser import DTYPES, build_parser
 from runahead.jobs import RequestSpec
@@ -77,3 +84,30 @@ def test_auto_times_the_candidates_and_returns_one_that_works(tiny: Path) -> Non
     backend = TorchBackend.open(str(tiny), cache_slots=8, dtype="auto")
     assert backend.model.dtype is chosen
     assert len(_decode(backend)) == 4
+
+
+@pytest.mark.measured_dtype
+def test_the_kernel_race_for_bf16_experts_times_both_rows_where_the_build_has_bf16_dots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """:func:`faster_expert_rows` returns a candidate, once per shape; it times both kinds of rows only
+    where the kernel has bf16 dot products, and takes bfloat16 only when they win by its margin."""
+    from runahead.backends import dtypes
+    from runahead.models import qkernel
+
+    faster_expert_rows.cache_clear()
+    chosen = faster_expert_rows(64, 32)
+    assert chosen in CANDIDATES and faster_expert_rows(64, 32) is chosen
+    assert faster_expert_rows(64, 48) is torch.float32  # 48: not whole 32-weight blocks
+    if not qkernel.bf16_dot():
+        assert chosen is torch.float32
+        return
+    timings = expert_rows_timings(64, 32)
+    assert set(timings) == {"float32", "bfloat16"} and all(t > 0 for t in timings.values())
+    margin = dtypes.BF16_ROWS_WIN
+    for share, wanted in ((margin, torch.bfloat16), (margin + 0.01, torch.float32)):
+        seconds = {torch.float32: 1.0, torch.bfloat16: share}
+        monkeypatch.setattr(dtypes, "_time_expert_rows", lambda dtype, _h, _i, s=seconds: s[dtype])
+        faster_expert_rows.cache_clear()
+        assert faster_expert_rows(64, 32) is wanted, share
+    faster_expert_rows.cache_clear()

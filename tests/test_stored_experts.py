@@ -169,6 +169,33 @@ def test_auto_computes_in_float32_where_the_kernel_takes_the_experts_as_stored(
         backend.close()
 
 
+@needs_kernel
+def test_auto_computes_a_bf16_checkpoint_in_bfloat16_where_its_rows_multiply_faster(
+    half_model: tuple[Path, str], monkeypatch: Any
+) -> None:
+    """Where the kernel race says bfloat16 rows multiply the stored bf16 experts faster (rigged here),
+    ``auto`` computes a bf16 checkpoint in bfloat16, its slots holding the file's bytes as the compute
+    dtype's (no widening, no second form); a float16 checkpoint, and ``expert_slots="stored"``, stay
+    float32 (the kernel takes float32 rows only there)."""
+    from runahead.backends import dtypes
+
+    path, kind = half_model
+    monkeypatch.setattr(dtypes, "faster_expert_rows", lambda hidden, inter: torch.bfloat16)
+    backend = TorchBackend.open(str(path), cache_slots=16, dtype="auto")
+    try:
+        wanted = "bfloat16" if kind == "BF16" else "float32"
+        assert backend.compute_dtype == wanted
+        if kind == "BF16":
+            assert backend.model.slot_formats is None and backend.slots.data.dtype == torch.bfloat16
+    finally:
+        backend.close()
+    backend = TorchBackend.open(str(path), cache_slots=16, dtype="auto", expert_slots="stored")
+    try:
+        assert backend.compute_dtype == "float32" and backend.model.slot_formats is not None
+    finally:
+        backend.close()
+
+
 def test_a_float32_checkpoint_is_left_to_the_timed_dtype(tmp_path: Path, monkeypatch: Any) -> None:
     from runahead.backends import torch_load
 

@@ -6,7 +6,9 @@ them it can be ~100x slower. ``auto`` therefore times the products the model wil
 ``gate``/``up`` matrix ``[I, H]`` against the row counts of decode and of a small batch, over more
 weights than the last-level cache holds, so memory is read as in a real step) in float32 and in
 bfloat16, and takes the faster. The measurement runs once per process and shape (a few tens of
-milliseconds); on CUDA ``auto`` is bfloat16 without measuring.
+milliseconds); on CUDA ``auto`` is bfloat16 without measuring. For a bfloat16 checkpoint whose
+experts the CPU kernel multiplies as stored, the race is the kernel's own (:func:`faster_expert_rows`):
+float32 rows over the stored bf16 weights against bfloat16 rows with the CPU's bf16 dot products.
 """
 
 from __future__ import annotations
@@ -90,5 +92,69 @@ def _time_products(dtype: torch.dtype, hidden: int, inter: int, give_up: float =
                     F.linear(x, w)
                 if time.perf_counter() - start > give_up:
                     return time.perf_counter() - start  # hopeless: stop measuring it
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+BF16_ROWS_WIN = 0.95
+""":func:`faster_expert_rows` takes bfloat16 rows only when their products take at most this share of
+float32 rows' time: float32 decodes token for token as transformers' float32 does, so a gain within the
+timing's noise is not worth giving that up."""
+
+_EXPERT_GROUPS = ((1, 8), (4, 8))  # (rows per expert, experts): a decode group of 8 jobs, of 32
+_EXPERT_COLD_BYTES = 128 << 20  # a model's experts are read from memory, never from a cache
+
+
+@cache
+def faster_expert_rows(hidden: int, inter: int) -> torch.dtype:
+    """float32 or bfloat16: the rows that multiply a bfloat16 checkpoint's experts faster on this CPU's
+    kernel (:mod:`runahead.models.qkernel`), at expert shape ``gate | up [2 inter, hidden]``,
+    ``down [hidden, inter]``.
+
+    Both keep the experts as the file stores them; float32 rows widen each weight in registers (the
+    ``BF16`` pass), bfloat16 rows use the CPU's bf16 dot products (``BF16*bf16``), in the build that
+    has them (else float32, unmeasured). Each is timed as a decode group runs it (gate and up as one
+    product, the gated unit, down) over ~128 MiB of experts, best of five (~0.3 s in all on 1024 x 512
+    experts); bfloat16 is chosen when it
+    takes at most :data:`BF16_ROWS_WIN` of float32's time. On an Intel Xeon with AMX and AVX-512
+    BF16 (2026-12-05) bfloat16 rows took 0.78-0.82x the time at 1024 x 512 (0.86-0.90x at
+    2048 x 768) and the medium model decoded 1.08x (one request) and 1.19x (eight) faster;
+    docs/results-torch.md, "A bfloat16 checkpoint on an AMX Xeon".
+    """
+    from runahead.models import qkernel
+
+    if not qkernel.bf16_dot() or hidden % qkernel.BLOCK or inter % qkernel.BLOCK:
+        return torch.float32
+    timings = {dtype: _time_expert_rows(dtype, hidden, inter) for dtype in CANDIDATES}
+    wins = timings[torch.bfloat16] <= BF16_ROWS_WIN * timings[torch.float32]
+    return torch.bfloat16 if wins else torch.float32
+
+
+def expert_rows_timings(hidden: int, inter: int) -> dict[str, float]:
+    """Seconds per pass of the products :func:`faster_expert_rows` compares, per candidate."""
+    return {str(d).removeprefix("torch."): _time_expert_rows(d, hidden, inter) for d in CANDIDATES}
+
+
+def _time_expert_rows(dtype: torch.dtype, hidden: int, inter: int) -> float:
+    from runahead.models import qkernel
+
+    kind = "BF16" if dtype == torch.float32 else qkernel.BF16_DOT
+    size = 3 * inter * hidden
+    most = max(n for _, n in _EXPERT_GROUPS)
+    count = most * max(1, _EXPERT_COLD_BYTES // (2 * size * most))
+    experts = torch.full((count, size), 0.01, dtype=torch.bfloat16)
+    down_at = 2 * inter * hidden * 2  # bytes into an expert: gate | up, then down
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(5):
+            start = time.perf_counter()
+            for per, n in _EXPERT_GROUPS:
+                x = torch.full((per * n, hidden), 0.5, dtype=dtype)
+                runs = [(i * per, (i + 1) * per) for i in range(n)]
+                for first in range(0, count, n):
+                    at = [experts[first + i].data_ptr() for i in range(n)]
+                    gate_up = qkernel.grouped_product(x, at, runs, kind, 2 * inter).to(dtype)
+                    unit = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).contiguous()
+                    qkernel.grouped_product(unit, [a + down_at for a in at], runs, kind, hidden)
             best = min(best, time.perf_counter() - start)
     return best

@@ -132,8 +132,9 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         (:func:`runahead.backends.dtypes.resolve_dtype`: ``auto`` is bfloat16 on CUDA and the faster
         of float32 and bfloat16 at the model's shapes on CPU, measured once per process; float32 on
         CPU wherever the stored-expert kernel multiplies the experts as the file stores them, a GGUF or
-        a bf16/f16 checkpoint unless ``expert_slots="compute"``:
-        :func:`runahead.backends.torch_load.stored_kernel_applies`).
+        a bf16/f16 checkpoint unless ``expert_slots="compute"``, except a bf16 checkpoint whose experts
+        multiply faster with bfloat16 rows on this CPU's kernel:
+        :func:`runahead.backends.torch_load.stored_compute_dtype`).
         ``expert_slots``: how the cache holds a safetensors checkpoint's experts: ``compute`` in the
         compute dtype (widened on the way in), ``stored`` as the file stores them (bfloat16 or
         float16, half the bytes of float32, multiplied as stored by the CPU kernel: float32 compute

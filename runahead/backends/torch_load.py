@@ -23,7 +23,7 @@ def load_for_open(
 
     on_cpu = torch.device(device).type == "cpu"
     if dtype == "auto" and on_cpu and expert_slots != "compute" and stored_kernel_applies(path):
-        compute = torch.float32  # the stored-expert kernel multiplies float32 rows
+        compute = stored_compute_dtype(path) if expert_slots == "auto" else torch.float32
     elif dtype == "auto" and on_cpu:
         config = model_config(path)
         compute = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
@@ -49,15 +49,8 @@ def stored_kernel_applies(path: str) -> bool:
     (the kernel of :mod:`runahead.models.qkernel` runs here, and the file is a GGUF, or a safetensors
     checkpoint whose experts :func:`stored_slots` keeps as stored: all bf16 or all f16).
 
-    NOTE (why ``auto`` then computes in float32, even on a CPU whose bfloat16 products are faster).
-    The kernel runs a group's experts in two calls on their stored bytes; a bfloat16 compute runs torch's
-    products expert by expert, several op calls each. On an AVX-512 BF16 EPYC, where one torch bf16
-    product takes half the kernel's time, the medium model decoded one request 1.25x faster this way
-    (12.1 against 9.7 tok/s, and token for token transformers' float32 output) and eight requests
-    faster (sync 7-11%, runahead 5-6%; docs/results-torch.md, "Compute threads"). A prompt's many
-    rows per expert leave the kernel for dequantize-then-matmul, where bfloat16 is faster (a
-    512-token prompt took 1.5-1.9x as long there): for long prompts and short answers
-    ``dtype="bfloat16"`` is the better choice.
+    Where it would, ``auto`` computes in float32 (:func:`stored_compute_dtype`), unless a bfloat16
+    checkpoint's experts multiply faster with bfloat16 rows on this CPU.
     """
     from runahead.models import qkernel
     from runahead.models.gguf import is_gguf
@@ -68,6 +61,35 @@ def stored_kernel_applies(path: str) -> bool:
     if is_gguf(path):
         return True
     return stored_slots(checkpoint_layout(path), "auto", torch.device("cpu"), torch.float32) is not None
+
+
+def stored_compute_dtype(path: str) -> torch.dtype:
+    """``auto``'s compute dtype on the CPU for a checkpoint whose experts the kernel multiplies as stored
+    (:func:`stored_kernel_applies`): float32, except for a safetensors checkpoint whose experts are all
+    bfloat16 where bfloat16 rows multiply them faster on this CPU
+    (:func:`runahead.backends.dtypes.faster_expert_rows`: measured once per process and shape).
+
+    NOTE (why float32 first). The kernel runs a group's experts in two calls on their stored bytes,
+    and float32 decodes token for token as transformers' float32 does. A GGUF's Q4_0 / Q8_0 and a
+    float16 checkpoint's experts take float32 rows only. On an AVX-512 BF16 EPYC, before the kernel
+    had bf16 dot products, a bfloat16 compute ran torch's products expert by expert and the medium
+    model decoded one request 1.25x slower (9.7 against 12.1 tok/s; docs/results-torch.md, "Compute
+    threads"); on an Intel Xeon with AMX the kernel's bf16 dot products made bfloat16 1.08x (one
+    request) and 1.19x (eight) faster ("A bfloat16 checkpoint on an AMX Xeon"). A prompt's many rows
+    per expert leave the kernel for dequantize-then-matmul, where bfloat16 is faster (a 512-token
+    prompt took 1.5-1.9x as long in float32): for long prompts and short answers
+    ``dtype="bfloat16"`` is the better choice.
+    """
+    from runahead.backends.dtypes import faster_expert_rows
+    from runahead.models.gguf import is_gguf
+    from runahead.models.loader import checkpoint_layout
+
+    if is_gguf(path):
+        return torch.float32
+    layout = checkpoint_layout(path)
+    if {r.dtype for ranges in layout.ranges.values() for r in ranges} != {"BF16"}:
+        return torch.float32
+    return faster_expert_rows(layout.hidden_size, layout.intermediate_size)
 
 
 def stored_slots(
