@@ -142,20 +142,25 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         )
         for r in range(point.concurrency)
     ]
-    wall, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
+    wall, cpu = time.perf_counter(), time.process_time()
+    loop_cpu = 0.0
 
     async def main() -> dict[int, list[int]]:
+        nonlocal loop_cpu
         if point.preload:
             everything = range(config.num_experts)
             await runtime.preload(
                 ExpertKey(layer, e) for layer in range(config.num_layers) for e in everything
             )
-        return await runtime.run(requests)
+        started = time.thread_time()  # the preload's reads are not the runtime's cost a job
+        try:
+            return await runtime.run(requests)
+        finally:  # this thread ran the event loop: the runtime's own CPU
+            loop_cpu = time.thread_time() - started
 
     direct_io = getattr(backend.store, "direct", None)  # read before close() releases the files
     try:
         tokens = loops.run(main())
-        loop_cpu = time.thread_time() - loop_cpu  # this thread ran the event loop: the runtime's own CPU
     finally:
         backend.close()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

@@ -7,8 +7,10 @@ import asyncio
 import json
 import math
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -153,3 +155,30 @@ def test_the_engine_refuses_a_bad_link_cap_before_it_loads_anything(tmp_path: Pa
     message = "link bandwidth must be a positive number of bytes per second, got 0$"
     with pytest.raises(ValueError, match=message):
         asyncio.run(Engine.open(str(tmp_path / "no-such-model"), backend=backend, link_bandwidth=0))
+
+
+def test_the_loop_cpu_a_job_leaves_out_the_preload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``loop_cpu_s`` is the event loop's CPU over the run alone: a preload that burns 0.4 s of this
+    thread's CPU before the run (as reading every expert in did, 5x the run's own) is not in it."""
+    from runahead.runtime import Runtime
+    from runahead.torchbench import TorchPoint, run_torch_point
+
+    from modelhelpers import build_tiny_model
+
+    preload = Runtime.preload
+    burnt: list[float] = []
+
+    async def slow_preload(self: Runtime, keys: Any) -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.4:
+            pass
+        burnt.append(time.thread_time() - start)
+        await preload(self, keys)
+
+    monkeypatch.setattr(Runtime, "preload", slow_preload)
+    path = build_tiny_model("qwen3_moe", tmp_path / "model")
+    row = run_torch_point(
+        TorchPoint(str(path), "sync", 1, 1.0, 2, warmup_steps=0, dtype="float32", preload=True)
+    )
+    assert burnt and burnt[0] >= 0.4
+    assert 0 < row["loop_cpu_s"] < 0.4
