@@ -16,8 +16,11 @@ from __future__ import annotations
 import time
 from functools import cache
 
+import structlog
 import torch
 import torch.nn.functional as F
+
+log = structlog.get_logger("runahead.backends")
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -70,7 +73,9 @@ def fastest_cpu_dtype(hidden: int, inter: int) -> torch.dtype:
     for dtype in CANDIDATES:
         slowest = 4 * min(timings.values(), default=float("inf"))
         timings[dtype] = _time_products(dtype, hidden, inter, give_up=slowest)
-    return min(timings, key=lambda d: timings[d])
+    chosen = min(timings, key=lambda d: timings[d])
+    _log_race("torch's products", chosen, timings, hidden, inter)
+    return chosen
 
 
 def cpu_dtype_timings(hidden: int, inter: int) -> dict[str, float]:
@@ -128,7 +133,24 @@ def faster_expert_rows(hidden: int, inter: int) -> torch.dtype:
         return torch.float32
     timings = {dtype: _time_expert_rows(dtype, hidden, inter) for dtype in CANDIDATES}
     wins = timings[torch.bfloat16] <= BF16_ROWS_WIN * timings[torch.float32]
-    return torch.bfloat16 if wins else torch.float32
+    chosen = torch.bfloat16 if wins else torch.float32
+    _log_race("the kernel's rows over stored bf16 experts", chosen, timings, hidden, inter)
+    return chosen
+
+
+def _log_race(
+    race: str, chosen: torch.dtype, timings: dict[torch.dtype, float], hidden: int, inter: int
+) -> None:
+    """Say once per process and shape what ``auto`` chose on this CPU, and the times it chose from
+    (a bfloat16 compute's tokens are not float32's: the user should be able to see why)."""
+    ms = {str(d).removeprefix("torch."): round(t * 1e3, 2) for d, t in timings.items()}
+    log.info(
+        "compute dtype timed",
+        race=race,
+        chose=str(chosen).removeprefix("torch."),
+        ms=ms,
+        shape=(hidden, inter),
+    )
 
 
 def expert_rows_timings(hidden: int, inter: int) -> dict[str, float]:
