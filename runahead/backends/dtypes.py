@@ -108,6 +108,7 @@ timing's noise is not worth giving that up."""
 
 _EXPERT_GROUPS = ((1, 8), (4, 8))  # (rows per expert, experts): a decode group of 8 jobs, of 32
 _EXPERT_COLD_BYTES = 128 << 20  # a model's experts are read from memory, never from a cache
+_MOST_EXPERTS = 256  # small experts: enough calls to time, not seconds of them (64 x 32 took 1.3 s)
 
 
 @cache
@@ -164,7 +165,7 @@ def _time_expert_rows(dtype: torch.dtype, hidden: int, inter: int) -> float:
     kind = "BF16" if dtype == torch.float32 else qkernel.BF16_DOT
     size = 3 * inter * hidden
     most = max(n for _, n in _EXPERT_GROUPS)
-    count = most * max(1, _EXPERT_COLD_BYTES // (2 * size * most))
+    count = most * max(1, min(_MOST_EXPERTS, _EXPERT_COLD_BYTES // (2 * size)) // most)
     experts = torch.full((count, size), 0.01, dtype=torch.bfloat16)
     down_at = 2 * inter * hidden * 2  # bytes into an expert: gate | up, then down
     best = float("inf")
