@@ -177,6 +177,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "compute_dtype": backend.compute_dtype,
         "slot_dtype": slot_dtype(backend),
         "compute_threads": getattr(backend, "compute_threads", None),
+        "compute_nice": getattr(backend, "compute_nice", None),  # the compute thread's priority (Linux)
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
         **metrics.as_row(),

@@ -40,8 +40,8 @@ class RequestLifecycle(Generic[State]):
     """The request lifecycle and compute hand-off both real backends share.
 
     A subclass sets ``backend_name``, ``vocab_size``, ``store`` and ``_compute_thread`` (one
-    worker: the backend's compute is one thread), and implements ``_new_state`` and ``_compute``
-    (one group on that thread).
+    worker: the backend's compute is one thread, from :meth:`_start_compute_thread`), and implements
+    ``_new_state`` and ``_compute`` (one group on that thread).
     """
 
     backend_name: str
@@ -61,6 +61,20 @@ class RequestLifecycle(Generic[State]):
         """CPU time of the compute thread itself inside ``_compute`` (``time.thread_time``), summed as
         :attr:`thread_seconds` is. Below it when the thread waited inside a group: for a core, for the
         GIL, or for helper threads of its own (whose CPU is not counted here): :func:`compute_cpu_share`."""
+        self.compute_nice: int | None = None
+        """The nice value the compute thread runs at once it started (Linux; None before its first group,
+        elsewhere, or where it was told to leave its priority alone): :mod:`runahead.backends.priority`."""
+
+    def _start_compute_thread(self, prefix: str, nice: int | None) -> ThreadPoolExecutor:
+        """The one compute thread (named ``prefix``), asking to run at ``nice`` when it starts (None:
+        left alone; :func:`runahead.backends.priority.resolve_nice` gives it). Where the OS refuses,
+        it runs as it was."""
+        from runahead.backends.priority import prioritize_this_thread
+
+        def on_start() -> None:
+            self.compute_nice = prioritize_this_thread(nice)
+
+        return ThreadPoolExecutor(1, thread_name_prefix=prefix, initializer=on_start)
 
     @property
     def vocab_size(self) -> int:

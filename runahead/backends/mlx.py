@@ -23,7 +23,6 @@ torch backend's twin of this).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +37,7 @@ from runahead.backends.common import (
     input_tokens,
     row_spans,
 )
+from runahead.backends.priority import wanted_nice
 from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, RequestSpec
 from runahead.models.mlx import mlx_architecture
 from runahead.models.mlx.base import MLXModel, RequestStateMLX, moe_sum
@@ -119,7 +119,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         self.experts_per_job: int = config.top_k
         super().__init__()
         self._owners = SlotOwners()
-        self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-mlx-compute")
+        self._compute_thread = self._start_compute_thread("runahead-mlx-compute", wanted_nice())
 
     @classmethod
     def open(
@@ -150,6 +150,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
         if link_bandwidth is not None:
             check_link_bandwidth(link_bandwidth)  # before the model loads
+        wanted_nice()  # a bad $RUNAHEAD_COMPUTE_NICE is refused before the model loads
         if store not in ("disk", "host"):
             raise ValueError(f"unknown expert store {store!r}; expected 'disk' or 'host'")
         where = resolve_device(device)

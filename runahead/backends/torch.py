@@ -26,7 +26,6 @@ that slot waits for the event on the copy stream (:meth:`TorchBackend.fetch`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,6 +39,7 @@ from runahead.backends.common import (
     input_tokens,
     row_spans,
 )
+from runahead.backends.priority import resolve_nice
 from runahead.backends.threads import threads_for
 from runahead.backends.torch_load import load_for_open
 from runahead.backends.waves import sums_with_waves
@@ -79,6 +79,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         speculate: bool = False,
         keep_logits: bool = False,
         batch_invariant: bool = False,
+        compute_nice: int | str | None = "auto",
     ) -> None:
         """``model``: a :class:`runahead.models.base.MoEModel`; ``store``: an ExpertStore;
         ``slots``: the SlotPool the runtime's cache slots index. ``speculate`` also applies the
@@ -89,7 +90,10 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         with it its tokens, does not depend on what the schedule batched it with (slower: shared
         weights are read once per job). Matrix products round differently for different numbers
         of rows, and top-k routing can turn a last-bit difference into a different expert.
+        ``compute_nice``: the compute thread's scheduling priority on Linux (``auto``: -10, or
+        ``$RUNAHEAD_COMPUTE_NICE``; None leaves it alone): :mod:`runahead.backends.priority`.
         """
+        nice = resolve_nice(compute_nice)  # refused before anything starts
         self.model = model
         self.store = store
         self.slots = slots
@@ -104,7 +108,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         self._cuda = self.slots.device.type == "cuda"
         model.use_slot_pool(self.slots.data)  # grouped expert products over the cache, where they pay
         self._fences: dict[int, Any] = {}  # slot -> CUDA event after the last kernels that read it
-        self._compute_thread = ThreadPoolExecutor(1, thread_name_prefix="runahead-compute")
+        self._compute_thread = self._start_compute_thread("runahead-compute", nice)
         self.compute_threads = torch.get_num_threads()  # torch's intra-op threads (``open`` sets them)
 
     @classmethod
@@ -154,6 +158,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
             raise ValueError(f"cache fraction must lie in (0, 1], got {cache_fraction}")
         if link_bandwidth is not None:
             check_link_bandwidth(link_bandwidth)  # before the model loads
+        resolve_nice(options.get("compute_nice", "auto"))  # so is a bad compute_nice
         with threads_for(threads, device) as compute_threads:  # set before the dtype is timed
             model, layout, dtype = load_for_open(path, device, dtype, expert_slots)
             if cache_slots is None:
