@@ -6,10 +6,11 @@ compute thread while the loop handles landing reads and a reader copies, the wok
 core until the scheduler preempts one of them: on a 2-core Intel Xeon with AMX (2026-12-05), the
 bottleneck rule at 2 and 4 requests behind a 3 GB/s link saw the hand-off take 1.1 ms at the 90th
 percentile (58-76 us with no reads), ~1 ms a group on average, 21% of its compute. At nice -10 the
-woken thread takes a core at once: the hand-off fell to ~0.55 ms a group, the thread ran 96% of its
-group time instead of 89-91%, and tokens/s rose 2-6% where runahead is compute-bound (4 requests at
-70% cache), unchanged where the link bounds the step (docs/results-torch.md, "The compute thread
-ahead of the readers"). Lowering the readers instead (nice 10, ``SCHED_BATCH``) had shown no gain
+woken thread takes a core at once: the hand-off fell to ~0.4-0.5 ms a group, the thread ran 96-98%
+of its group time instead of 89-94%, and tokens/s rose 2-16% where runahead is compute-bound (2 and 4
+requests at 70% cache), unchanged where the link bounds the step and for sync (docs/results-torch.md,
+"The compute thread ahead of the readers"; the demo's disk point showed no direction through its
+noise). Lowering the readers instead (nice 10, ``SCHED_BATCH``) had shown no gain
 (docs/tried.md): the loop is the other contender.
 
 Raising a thread's priority needs ``CAP_SYS_NICE`` (root, as in the project's Docker images) or an
