@@ -11,12 +11,13 @@ of its group time instead of 89-94%, and tokens/s rose 2-16% where runahead is c
 requests at 70% cache), unchanged where the link bounds the step and for sync (docs/results-torch.md,
 "The compute thread ahead of the readers"; the demo's disk point showed no direction through its
 noise). Lowering the readers instead (nice 10, ``SCHED_BATCH``) had shown no gain
-(docs/tried.md): the loop is the other contender.
+(docs/tried.md), so the event loop is likely the thread it waited behind.
 
-Raising a thread's priority needs ``CAP_SYS_NICE`` (root, as in the project's Docker images) or an
-``RLIMIT_NICE`` that allows it; where it is refused, the thread runs as it was and the backend says
-so once in the log. Linux only (elsewhere a thread's nice is not its own). ``RUNAHEAD_COMPUTE_NICE``:
-the nice value to ask for (default :data:`COMPUTE_NICE`), or ``off`` to leave the thread alone.
+Raising a thread's priority needs root, ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` that allows it (30
+for -10; the project's images run as a user without either unless given ``--ulimit nice=30:30``);
+where it is refused, the thread runs as it was and the backend says so once in the log. Linux only
+(elsewhere a thread's nice is not its own). ``RUNAHEAD_COMPUTE_NICE``: the nice value to ask for
+(default :data:`COMPUTE_NICE`), or ``off`` to leave the thread alone.
 """
 
 from __future__ import annotations
