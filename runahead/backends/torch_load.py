@@ -22,21 +22,22 @@ def load_for_open(
     from runahead.models.loader import checkpoint_layout, model_config
 
     on_cpu = torch.device(device).type == "cpu"
-    if dtype == "auto" and on_cpu and expert_slots != "compute" and stored_kernel_applies(path):
-        compute = stored_compute_dtype(path) if expert_slots == "auto" else torch.float32
+    in_file = None if is_gguf(path) else checkpoint_layout(path)  # headers only, read once here
+    if dtype == "auto" and on_cpu and expert_slots != "compute" and stored_kernel_applies(path, in_file):
+        compute = stored_compute_dtype(in_file) if expert_slots == "auto" else torch.float32
     elif dtype == "auto" and on_cpu:
         config = model_config(path)
         compute = resolve_dtype(dtype, device, (config.hidden_size, config.intermediate_size))
     else:
         compute = resolve_dtype(dtype, device)
-    if is_gguf(path):  # its experts are kept as stored: its dense matrices too, where the kernel runs
+    if in_file is None:  # a GGUF: experts kept as stored, dense matrices too where the kernel runs
         from runahead.models import qkernel
 
         kernel = on_cpu and compute == torch.float32 and qkernel.available()
         model, layout = load_model(path, device=device, dtype=compute, dense_as_stored=kernel)
         stored = stored_slots(layout, expert_slots, torch.device(device), compute)
     else:  # decided from the headers, so the resident matrices load as they will be kept
-        stored = stored_slots(checkpoint_layout(path), expert_slots, torch.device(device), compute)
+        stored = stored_slots(in_file, expert_slots, torch.device(device), compute)
         model, layout = load_model(path, device=device, dtype=compute, dense_as_stored=stored is not None)
     if stored is not None and not layout.stored:
         layout = stored  # the projections and LM head are kept as the file stores them too
@@ -44,10 +45,11 @@ def load_for_open(
     return model, layout, compute
 
 
-def stored_kernel_applies(path: str) -> bool:
+def stored_kernel_applies(path: str, layout: ExpertLayout | None = None) -> bool:
     """Whether float32 compute on this CPU would multiply ``path``'s experts as the file stores them
     (the kernel of :mod:`runahead.models.qkernel` runs here, and the file is a GGUF, or a safetensors
-    checkpoint whose experts :func:`stored_slots` keeps as stored: all bf16 or all f16).
+    checkpoint whose experts :func:`stored_slots` keeps as stored: all bf16 or all f16). ``layout``:
+    the safetensors checkpoint's, where the caller has read its headers already.
 
     Where it would, ``auto`` computes in float32 (:func:`stored_compute_dtype`), unless a bfloat16
     checkpoint's experts multiply faster with bfloat16 rows on this CPU.
@@ -60,13 +62,14 @@ def stored_kernel_applies(path: str) -> bool:
         return False
     if is_gguf(path):
         return True
-    return stored_slots(checkpoint_layout(path), "auto", torch.device("cpu"), torch.float32) is not None
+    layout = checkpoint_layout(path) if layout is None else layout
+    return stored_slots(layout, "auto", torch.device("cpu"), torch.float32) is not None
 
 
-def stored_compute_dtype(path: str) -> torch.dtype:
+def stored_compute_dtype(layout: ExpertLayout | None) -> torch.dtype:
     """``auto``'s compute dtype on the CPU for a checkpoint whose experts the kernel multiplies as stored
-    (:func:`stored_kernel_applies`): float32, except for a safetensors checkpoint whose experts are all
-    bfloat16 where bfloat16 rows multiply them faster on this CPU
+    (:func:`stored_kernel_applies`), given its safetensors layout (None for a GGUF): float32, except
+    where its experts are all bfloat16 and bfloat16 rows multiply them faster on this CPU
     (:func:`runahead.backends.dtypes.faster_expert_rows`: measured once per process and shape).
 
     NOTE (why float32 first). The kernel runs a group's experts in two calls on their stored bytes,
@@ -81,12 +84,9 @@ def stored_compute_dtype(path: str) -> torch.dtype:
     ``dtype="bfloat16"`` is the better choice.
     """
     from runahead.backends.dtypes import faster_expert_rows
-    from runahead.models.gguf import is_gguf
-    from runahead.models.loader import checkpoint_layout
 
-    if is_gguf(path):
+    if layout is None:
         return torch.float32
-    layout = checkpoint_layout(path)
     if {r.dtype for ranges in layout.ranges.values() for r in ranges} != {"BF16"}:
         return torch.float32
     return faster_expert_rows(layout.hidden_size, layout.intermediate_size)
