@@ -45,13 +45,12 @@ def wanted_nice(value: str | None = None) -> int | None:
         return COMPUTE_NICE
     if text.strip().lower() == "off":
         return None
+    accepted = f"{ENV} must be an integer from -20 to 19 or 'off'"
     try:
         nice = int(text)
     except ValueError:
-        raise ValueError(f"{ENV} must be an integer from -20 to 19 or 'off', got {text!r}") from None
-    if not -20 <= nice <= 19:
-        raise ValueError(f"{ENV} must be an integer from -20 to 19 or 'off', got {nice}")
-    return nice
+        raise ValueError(f"{accepted}, got {text!r}") from None
+    return _in_range(nice, accepted)
 
 
 def resolve_nice(nice: int | str | None) -> int | None:
@@ -62,10 +61,16 @@ def resolve_nice(nice: int | str | None) -> int | None:
         return None
     if nice == "auto":
         return wanted_nice()
+    accepted = "compute_nice must be an integer from -20 to 19, None or 'auto'"
     if isinstance(nice, bool) or not isinstance(nice, int):
-        raise ValueError(f"compute_nice must be an integer from -20 to 19, None or 'auto', got {nice!r}")
+        raise ValueError(f"{accepted}, got {nice!r}")
+    return _in_range(nice, accepted)
+
+
+def _in_range(nice: int, accepted: str) -> int:
+    """``nice`` if it is one (-20 to 19), else ValueError saying ``accepted``."""
     if not -20 <= nice <= 19:
-        raise ValueError(f"compute_nice must be an integer from -20 to 19, None or 'auto', got {nice}")
+        raise ValueError(f"{accepted}, got {nice}")
     return nice
 
 
