@@ -99,6 +99,22 @@ class SpeculativeGate(Protocol):
     def use_speculative_gate(self, on: bool) -> None: ...
 
 
+@runtime_checkable
+class InlineCompute(Protocol):
+    """A backend whose ``compute`` hands each group to a compute thread (torch, mlx) that can also
+    compute a group on the caller's thread, the event loop's, and return its results at once.
+
+    The runtime calls :meth:`compute_inline` instead of ``compute`` only where the thread buys
+    nothing: the link has nothing to read (no read in flight or waiting to start, nothing left in
+    the ExpertFetcher's inbox) and the group holds no prompt chunk, so the loop, blocked for one
+    decode group, misses no work, and the two thread hand-offs of ``compute`` (a wake-up each way,
+    ~250 us a group on the 2-vCPU VMs here) are saved (``RuntimeConfig.inline_compute``;
+    docs/architecture.md, "The torch backend"). The results are ``compute``'s, bit for bit.
+    """
+
+    def compute_inline(self, group: Group) -> Sequence[JobResult]: ...
+
+
 BUILTIN_BACKENDS = {
     "sim": "runahead.backends.sim",
     "torch": "runahead.backends.torch",

@@ -61,6 +61,7 @@ class Recorder:
     holds: int = 0  # times bottleneck grouping held a ready group back
     batched_tokens: int = 0  # tokens made while adaptive grouping batched (:mod:`runahead.mode`)
     mode_switches: int = 0  # times adaptive grouping switched between running ahead and batching
+    inline_groups: int = 0  # groups computed on the event loop's thread (the link idle: InlineCompute)
     _in_flight: int = 0  # reads started and not ended (:meth:`read_started` / :meth:`read_ended`)
     _link_mark: float = 0.0  # where ``link_seconds`` counts on from while a read is in flight
 

@@ -59,6 +59,11 @@ class RuntimeConfig:
     read_retries: int = 2  # a failed expert read is tried again this many times before it fails
     retry_pause_s: float = 0.01  # the first pause before a retry; each next one is 4x longer
     max_compute_failures: int = 3  # groups failing in a row before the runtime stops
+    inline_compute: bool = True
+    """Compute a decode group on the event loop's thread, not the backend's compute thread, while the
+    link has nothing to read (:class:`runahead.backend.InlineCompute`; torch and mlx): the loop is
+    busy for that group's time (a few ms on a CPU) and two thread hand-offs are saved. Off for an
+    application whose loop must never wait that long."""
     policy_config: PolicyConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -220,6 +225,7 @@ class Runtime:
             prefill_chunk=self.config.prefill_chunk,
             health=self.health,
             max_compute_failures=self.config.max_compute_failures,
+            link_idle=expert_fetcher.idle if self.config.inline_compute else None,
         )
         self._issuer_inbox = issuer
         self._inboxes = [issuer, fetcher, scheduler]

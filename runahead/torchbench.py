@@ -153,10 +153,11 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
                 ExpertKey(layer, e) for layer in range(config.num_layers) for e in everything
             )
         started = time.thread_time()  # the preload's reads are not the runtime's cost a job
+        inline = backend.inline_cpu_seconds
         try:
             return await runtime.run(requests)
-        finally:  # this thread ran the event loop: the runtime's own CPU
-            loop_cpu = time.thread_time() - started
+        finally:  # this thread ran the event loop: the runtime's own CPU, less the groups it computed
+            loop_cpu = time.thread_time() - started - (backend.inline_cpu_seconds - inline)
 
     direct_io = getattr(backend.store, "direct", None)  # read before close() releases the files
     try:
@@ -193,6 +194,8 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         # adaptive grouping (runahead.mode): share of the run's tokens, warm-up included, made batching
         "batched_share": recorder.batched_tokens / max(1, recorder.token_count),
         "mode_switches": recorder.mode_switches,
+        # share of the run's groups, warm-up included, computed on the loop's thread (the link idle)
+        "inline_share": recorder.inline_groups / max(1, recorder.groups),
         "wall_s": wall,
         "host_cpu": host_cpu(),
         "direct_io": direct_io,

@@ -82,7 +82,9 @@ def test_a_refusal_leaves_the_thread_as_it_was_and_is_said_once(monkeypatch: pyt
 
 
 def _decode(backend: TorchBackend) -> list[int]:
-    runtime = Runtime(backend, RuntimeConfig(cache_slots=backend.num_slots, policy="runahead"))
+    # every group on the compute thread (none on the loop's while the link idles): its priority is checked
+    config = RuntimeConfig(cache_slots=backend.num_slots, policy="runahead", inline_compute=False)
+    runtime = Runtime(backend, config)
     try:
         return asyncio.run(runtime.run([RequestSpec(0, 3, prompt=(5, 17, 42))]))[0]
     finally:

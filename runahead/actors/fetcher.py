@@ -69,6 +69,12 @@ class ExpertFetcher:
         self._waking = False  # a parked worker was woken and has not run yet
         self._closing = False
 
+    def idle(self) -> bool:
+        """Whether the link has nothing to read: no read in flight, no blocked job or prefetch hint
+        queued, no message waiting in the inbox. Until a group's results reveal more, none can
+        start (what :class:`runahead.backend.InlineCompute` is used on)."""
+        return not (self.cache.pending_ids or self.demand or self.hints) and self.inbox.empty()
+
     async def run(self) -> None:
         """Serve until the inbox yields ``None``; in-flight reads finish first."""
         async with asyncio.TaskGroup() as workers:

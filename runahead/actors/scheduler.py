@@ -17,6 +17,11 @@ comes first, then decides again. With ``adaptive`` grouping on such a backend a
 :class:`runahead.mode.ModeChooser` is told of every token and may switch the queue to one group of
 every request (batching) while that measures faster, and back.
 
+A backend that computes on a thread of its own (:class:`runahead.backend.InlineCompute`) is asked to
+compute a decode group on the event loop's thread instead when ``link_idle`` says the link has
+nothing to read: the loop then misses nothing for the group's time, and the two thread hand-offs are
+saved. The scheduler yields to the loop once after such a group, as the awaited ``compute`` would.
+
 A group whose compute raises fails only its own requests (their pins and state are released, their
 callers get the error); the others go on. ``max_compute_failures`` groups failing in a row means
 the compute unit itself is broken: the scheduler then stops the runtime with
@@ -27,11 +32,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
 
-from runahead.backend import Backend, BrokenPromise
+from runahead.backend import Backend, BrokenPromise, InlineCompute
 from runahead.bottleneck import ComputeFit, GroupPricer, Hold, Outlook, may_hold
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
@@ -80,6 +85,7 @@ class ComputeScheduler:
         prefill_chunk: int = 256,
         health: Health | None = None,
         max_compute_failures: int = 3,
+        link_idle: Callable[[], bool] | None = None,
     ) -> None:
         self.backend = backend
         self.cache = cache
@@ -117,6 +123,10 @@ class ComputeScheduler:
         self._awaiting_reply = False
         self._closing = False
         self._now = clock.now  # the clock's reader for the running loop, once run() starts
+        # decode groups run on the loop's thread while the link has nothing to read (None: never)
+        self._inline: tuple[Callable[[Group], Sequence[JobResult]], Callable[[], bool]] | None = None
+        if link_idle is not None and isinstance(backend, InlineCompute):
+            self._inline = (backend.compute_inline, link_idle)
 
     async def run(self) -> None:
         """Compute groups until the inbox yields ``None``."""
@@ -259,12 +269,21 @@ class ComputeScheduler:
 
     async def _compute(self, group: Group) -> None:
         start = self._now()
+        inline = self._inline
+        if inline is not None and (not inline[1]() or any(job.prefill for job in group.jobs)):
+            inline = None  # reads to start, or a prompt chunk (long): the compute thread takes it
         try:
-            results = await self.backend.compute(group)
+            if inline is not None:
+                self.recorder.inline_groups += 1
+                results = inline[0](group)
+            else:
+                results = await self.backend.compute(group)
         except BrokenPromise:
             raise
         except Exception as error:
             self._group_failed(group, error)
+            if inline is not None:
+                await asyncio.sleep(0)  # what the awaited compute gave the loop's other tasks
             return
         self.health.compute_succeeded()
         end = self._now()
@@ -309,6 +328,8 @@ class ComputeScheduler:
                     self.blocked[job.request] = job
             self._awaiting_reply = True
             await self._send_next(NextJobs(tuple(next_jobs)))
+        if inline is not None:
+            await asyncio.sleep(0)  # the loop's other tasks (streams, new requests) run between groups
 
     async def _send_next(self, message: NextJobs) -> None:
         """Send a group's next jobs to the issuer; its handler takes them at once if it may.

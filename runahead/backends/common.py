@@ -54,13 +54,18 @@ class RequestLifecycle(Generic[State]):
     def __init__(self) -> None:
         self._requests: dict[int, State] = {}
         self.thread_seconds = 0.0
-        """Time the compute thread spent inside ``_compute``, every group of the backend's life summed.
+        """Time spent inside ``_compute``, every group of the backend's life summed (on the compute
+        thread, or on the caller's for ``compute_inline``).
         The runtime's compute time of a group (from the event loop's hand-off to its resuming with
         the results) is longer by the two thread hand-offs: :func:`handoff_seconds`."""
         self.thread_cpu_seconds = 0.0
         """CPU time of the compute thread itself inside ``_compute`` (``time.thread_time``), summed as
         :attr:`thread_seconds` is. Below it when the thread waited inside a group: for a core, for the
         GIL, or for helper threads of its own (whose CPU is not counted here): :func:`compute_cpu_share`."""
+        self.inline_cpu_seconds = 0.0
+        """CPU time of the groups a backend computed on the caller's thread (``compute_inline``, where
+        it has one: :class:`runahead.backend.InlineCompute`), summed: the event loop's thread ran
+        them, so a count of the loop's own CPU leaves them out."""
         self.compute_nice: int | None = None
         """The nice value the compute thread runs at once it started (Linux; None before its first group,
         elsewhere, or where it was told to leave its priority alone): :mod:`runahead.backends.priority`."""
