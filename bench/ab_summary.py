@@ -43,7 +43,7 @@ def main() -> None:
             limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
             ratio = row["tokens_per_s"] / sync["tokens_per_s"]
             same = float(row["token_digest"] == sync["token_digest"])
-            share = (ratio - 1) / (limit - 1)
+            share = (ratio - 1) / (limit - 1) if limit > 1 else float("nan")  # nothing read: no gain to share
             cells = (
                 row["tokens_per_s"],
                 ratio,
