@@ -61,6 +61,7 @@ def run_generate(args: argparse.Namespace) -> int:
         link_bandwidth=a.bytes_per_second(args.link_gbps),
         threads=args.threads,
         reads_in_flight=args.reads_in_flight,
+        inline_compute=args.inline_compute == "on",
     )
     if streaming:
         print()
@@ -117,6 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
                     link_bandwidth=a.bytes_per_second(args.link_gbps),
                     threads=args.threads,
                     reads_in_flight=args.reads_in_flight,
+                    inline_compute=args.inline_compute == "on",
                 )
             )
     except EngineStopped as stopped:  # a supervisor (docker, systemd) restarts on a non-zero exit
@@ -209,6 +211,11 @@ def run_bench(args: argparse.Namespace) -> int:
         raise ValueError(
             "--reads-in-flight sets a real store's reads; the sim's link keeps its profile's "
             "link_queue_depth: drop it, or give --backend torch or mlx"
+        )
+    if args.inline_compute != "on":
+        raise ValueError(
+            "--inline-compute sets where a real backend computes; the sim computes on virtual time: "
+            "drop it, or give --backend torch"
         )
     trace = RoutingTrace.load(args.trace) if args.trace else None
     model = args.model or (trace.spec.name if trace is not None and trace.spec is not None else None)
@@ -332,6 +339,7 @@ def run_torch_bench(args: argparse.Namespace) -> int:
             link_gbps=args.link_gbps,
             threads=args.threads,
             preload=args.preload,
+            inline_compute=args.inline_compute == "on",
             **({} if args.reads_in_flight is None else {"queue_depth": args.reads_in_flight}),
         )
         for concurrency, fraction, barrier, policy in itertools.product(

@@ -192,6 +192,7 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
     )
     _add_link_cap(bench)
     _add_threads(bench)
+    _add_inline_compute(bench)
     bench.add_argument("--profile", default="thor", help="sim: hardware profile name or TOML path")
     bench.add_argument(
         "--policy",
@@ -277,6 +278,17 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     _add_link_cap(parser)
     _add_threads(parser)
+    _add_inline_compute(parser)
+
+
+def _add_inline_compute(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--inline-compute",
+        choices=["on", "off"],
+        default="on",
+        help="torch: compute a decode group on the event loop's thread while the link has nothing to "
+        "read (two thread hand-offs saved; off: every group on the compute thread)",
+    )
 
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:

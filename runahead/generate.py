@@ -50,11 +50,13 @@ def generate(
     link_bandwidth: float | None = None,
     threads: int | str = "auto",
     reads_in_flight: int | None = None,
+    inline_compute: bool = True,
 ) -> list[Completion]:
     """Run ``concurrency`` copies of the prompt at once; copy ``i`` samples with seed ``seed + i``.
 
     With ``on_text``, the first copy's text is passed along as it is generated. ``backend``: ``torch``
-    or ``mlx``. ``link_bandwidth``, ``threads`` and ``reads_in_flight`` (None: the default): as for
+    or ``mlx``. ``link_bandwidth``, ``threads``, ``reads_in_flight`` (None: the default) and
+    ``inline_compute``: as for
     :meth:`runahead.engine.Engine.open`.
     """
     from runahead.engine import Engine
@@ -78,6 +80,7 @@ def generate(
             link_bandwidth=link_bandwidth,
             threads=threads,
             reads_in_flight=reads_in_flight,
+            inline_compute=inline_compute,
         )
         async with engine:
             ids = engine.encode(prompt)

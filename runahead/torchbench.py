@@ -49,6 +49,7 @@ class TorchPoint:
     expert_slots: str = "auto"  # torch: how the cache holds bf16/f16 experts (TorchBackend.open)
     link_gbps: float | None = None  # reads paced to a link of this many GB/s (store.LinkCap), or not
     threads: int | str = "auto"  # torch on CPU: intra-op compute threads (runahead.backends.threads)
+    inline_compute: bool = True  # decode groups on the loop's thread while the link idles (RuntimeConfig)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -129,6 +130,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
             eviction=point.eviction,
             step_barrier=point.step_barrier,
             link_queue_depth=point.queue_depth,
+            inline_compute=point.inline_compute,
         ),
     )
     rng = random.Random(point.seed)

@@ -74,6 +74,8 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["bench", "--threads", "0"], "argument --threads: must be >= 1, got 0"),
         (["serve", "m", "--reads-in-flight", "0"], "argument --reads-in-flight: must be >= 1, got 0"),
         (["bench", "--reads-in-flight", "8"], "the sim's link keeps its profile's link_queue_depth"),
+        (["bench", "--inline-compute", "off"], "the sim computes on virtual time: drop it"),
+        (["serve", "m", "--inline-compute", "maybe"], "argument --inline-compute: invalid choice: 'maybe'"),
         (["serve", "m", "--threads", "two"], "argument --threads: expected an integer, got 'two'"),
         (["generate", "m", "--prompt", "x", "--temperature", "nan"], "expected a finite number, got 'nan'"),
         (

@@ -241,3 +241,25 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
     assert depths == [4, 1] and links == [4, 1]
     with pytest.raises(ValueError, match="reads_in_flight must be a whole number >= 1, got 0"):
         asyncio.run(Engine.open(str(model), reads_in_flight=0))
+
+
+def test_inline_compute_off_reaches_the_runtime_and_changes_no_token(
+    model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--inline-compute off`` (``Engine.open(inline_compute=False)``): no group computes on the
+    event loop's thread; on by default, some do (one request: the link idles between its reads)."""
+    from runahead.engine import Engine
+
+    runtimes = []
+    engine_open = Engine.open.__func__  # type: ignore[attr-defined]
+
+    async def engine_recording(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        engine = await engine_open(cls, *args, **kwargs)
+        runtimes.append(engine.runtime)
+        return engine
+
+    monkeypatch.setattr(Engine, "open", classmethod(engine_recording))
+    default, off = tokens_without_and_with(model, capsys, ["--inline-compute", "off"])
+    assert off == default
+    assert [runtime.config.inline_compute for runtime in runtimes] == [True, False]
+    assert runtimes[0].recorder.inline_groups > 0 and runtimes[1].recorder.inline_groups == 0
