@@ -101,8 +101,9 @@ class SpeculativeGate(Protocol):
 
 @runtime_checkable
 class InlineCompute(Protocol):
-    """A backend whose ``compute`` hands each group to a compute thread (torch, mlx) that can also
-    compute a group on the caller's thread, the event loop's, and return its results at once.
+    """A backend whose ``compute`` hands each group to a compute thread and that can also compute a
+    group on the caller's thread, the event loop's, returning its results at once (the torch
+    backend; not mlx's, whose streams belong to the thread that made them).
 
     The runtime calls :meth:`compute_inline` instead of ``compute`` only where the thread buys
     nothing: the link has nothing to read (no read in flight or waiting to start, nothing left in
