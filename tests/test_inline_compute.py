@@ -108,8 +108,10 @@ def _run(
     return tokens, watch, runtime
 
 
-def test_the_torch_backend_computes_inline() -> None:
+def test_the_torch_backend_computes_inline_and_mlx_does_not() -> None:
     assert issubclass(TorchBackend, InlineCompute)
+    mlx_backend = pytest.importorskip("runahead.backends.mlx")  # MLX's streams are thread-local
+    assert not issubclass(mlx_backend.MLXBackend, InlineCompute)
 
 
 @pytest.mark.parametrize("policy", ["runahead", "sync", "runahead/grouping=opportunistic"])
