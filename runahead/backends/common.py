@@ -123,14 +123,18 @@ class RequestLifecycle(Generic[State]):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._compute_thread, self._timed_compute, group)
 
-    def _timed_compute(self, group: Group) -> list[JobResult]:
-        """``_compute`` on the compute thread, its time added to :attr:`thread_seconds`."""
+    def _timed_compute(self, group: Group, inline: bool = False) -> list[JobResult]:
+        """``_compute`` on the compute thread, its time added to :attr:`thread_seconds`; ``inline``: on
+        the caller's thread instead, its CPU added to :attr:`inline_cpu_seconds` too."""
         start, cpu = time.perf_counter(), time.thread_time()
         try:
             return self._compute(group)
         finally:
             self.thread_seconds += time.perf_counter() - start
-            self.thread_cpu_seconds += time.thread_time() - cpu
+            used = time.thread_time() - cpu
+            self.thread_cpu_seconds += used
+            if inline:
+                self.inline_cpu_seconds += used
 
 
 def handoff_seconds(compute_seconds: float, groups: int, backend: object) -> float | None:

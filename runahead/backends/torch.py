@@ -25,7 +25,6 @@ that slot waits for the event on the copy stream (:meth:`TorchBackend.fetch`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -213,11 +212,7 @@ class TorchBackend(RequestLifecycle[_RequestState]):
         """``compute`` on the caller's thread (:class:`runahead.backend.InlineCompute`): the same
         work, timed the same way, without the two hand-offs to the compute thread. (The mlx backend
         has none: MLX's streams belong to the thread that made them.)"""
-        cpu = time.thread_time()
-        try:
-            return self._timed_compute(group)
-        finally:
-            self.inline_cpu_seconds += time.thread_time() - cpu
+        return self._timed_compute(group, inline=True)
 
     @torch.inference_mode()
     def _compute(self, group: Group) -> list[JobResult]:
