@@ -124,9 +124,10 @@ class ComputeScheduler:
         self._closing = False
         self._now = clock.now  # the clock's reader for the running loop, once run() starts
         # decode groups run on the loop's thread while the link has nothing to read (None: never)
-        self._inline: tuple[Callable[[Group], Sequence[JobResult]], Callable[[], bool]] | None = None
+        self._compute_inline: Callable[[Group], Sequence[JobResult]] | None = None
+        self._link_idle: Callable[[], bool] = lambda: False  # asked only with compute_inline
         if link_idle is not None and isinstance(backend, InlineCompute):
-            self._inline = (backend.compute_inline, link_idle)
+            self._compute_inline, self._link_idle = backend.compute_inline, link_idle
 
     async def run(self) -> None:
         """Compute groups until the inbox yields ``None``."""
@@ -269,13 +270,13 @@ class ComputeScheduler:
 
     async def _compute(self, group: Group) -> None:
         start = self._now()
-        inline = self._inline
-        if inline is not None and (not inline[1]() or any(job.prefill for job in group.jobs)):
+        inline = self._compute_inline
+        if inline is not None and (not self._link_idle() or any(job.prefill for job in group.jobs)):
             inline = None  # reads to start, or a prompt chunk (long): the compute thread takes it
         try:
             if inline is not None:
                 self.recorder.inline_groups += 1
-                results = inline[0](group)
+                results = inline(group)
             else:
                 results = await self.backend.compute(group)
         except BrokenPromise:
