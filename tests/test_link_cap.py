@@ -71,6 +71,48 @@ async def test_capped_reads_take_the_links_time_and_keep_their_bytes(experts: tu
         assert at - start >= n * EXPERT_BYTES / bandwidth - 1e-6
 
 
+def _loop_factories() -> list[Any]:
+    """asyncio's loop, and uvloop's where it is installed (its clock and timers count whole ms)."""
+    from runahead.loops import loop_factory
+
+    return [None, *([loop_factory()] if loop_factory() is not None else [])]
+
+
+@pytest.mark.parametrize("factory", _loop_factories(), ids=lambda f: "asyncio" if f is None else "uvloop")
+@pytest.mark.parametrize("native", [True, False], ids=["c-readers", "python-threads"])
+def test_a_read_on_an_idle_link_never_lands_before_its_link_time(
+    experts: tuple, factory: Any, native: bool
+) -> None:
+    """A link time between two whole milliseconds, one read at a time (the link idle before each):
+    every read lands no earlier than its bytes could cross, on any loop. Paced by the event loop,
+    uvloop's millisecond clock and timers landed such reads up to 0.7 of their link time early."""
+    from runahead.store.native import available
+
+    if native and not available():
+        pytest.skip("the C readers do not build here")
+    layout, expected = experts
+    link_time = 0.0014
+    key = sorted(layout.ranges)[0]
+
+    async def main() -> list[float]:
+        took = []
+        with HostStore(layout, link_bandwidth=EXPERT_BYTES / link_time, native=native) as store:
+            pool = SlotPool(1, layout.slot_numel)
+            for i in range(30):
+                start = time.monotonic()
+                await store.read_into(*key, pool.slot(0))
+                took.append(time.monotonic() - start)
+                spin = time.perf_counter()  # start the next read at another point of the millisecond
+                while time.perf_counter() - spin < 0.0001 * (i % 9):
+                    pass
+            assert torch.equal(pool.slot(0), expected[key])
+        return took
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        took = runner.run(main())
+    assert min(took) >= link_time - 1e-6, sorted(took)[:3]
+
+
 async def test_without_a_cap_nothing_is_paced(experts: tuple) -> None:
     layout, _ = experts
     for store in (DiskStore(layout), HostStore(layout)):

@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -283,7 +284,8 @@ class LinkCap:
     completes no earlier than its transfer ends, however fast the store itself was. So a store read
     from a fast disk or host memory behaves like one behind a slower link (a device's NVMe or PCIe
     link; a steady yardstick where this machine's disk moves between minutes) while every byte
-    still goes through the real read path. Pure arithmetic: the caller passes the time.
+    still goes through the real read path. Pure arithmetic: the caller passes the time (on
+    :func:`link_clock`).
     """
 
     def __init__(self, bandwidth: float) -> None:
@@ -295,6 +297,22 @@ class LinkCap:
         start = max(now, self._free_at)
         self._free_at = start + nbytes / self.bandwidth
         return self._free_at
+
+
+def link_clock() -> float:
+    """Seconds on the clock the link cap keeps: ``CLOCK_MONOTONIC``, the clock the C readers sleep on
+    (:mod:`runahead.store.native`), where the platform has it; else ``time.monotonic``.
+
+    NOTE (why not the event loop's time and timers): uvloop's loop counts whole milliseconds and
+    rounds a timer's delay to whole milliseconds, asyncio's selector waits at least one; an
+    expert's read at a few GB/s is about a millisecond, so a read paced by the loop landed anywhere
+    from 0.3 to 1.4 times its link time (``bench/link_pacing.py``). The reader thread that made the
+    read holds it back instead, until the link's reservation ends, on this clock.
+    """
+    return time.clock_gettime(time.CLOCK_MONOTONIC) if _HAS_MONOTONIC else time.monotonic()
+
+
+_HAS_MONOTONIC = hasattr(time, "CLOCK_MONOTONIC")
 
 
 class _Landings:
@@ -337,8 +355,9 @@ def settle(future: asyncio.Future[None], error: BaseException | None) -> None:
         future.set_exception(error)
 
 
-_Work = tuple[_Landings, "asyncio.Future[None]", Callable[..., None], tuple[Any, ...]]
-"""A queued read: where it lands, its future, and the blocking call with its arguments."""
+_Work = tuple[_Landings, "asyncio.Future[None]", Callable[..., None], tuple[Any, ...], "float | None"]
+"""A queued read: where it lands, its future, the blocking call with its arguments, and when on
+:func:`link_clock` it may land at the earliest (None: as soon as the call returns)."""
 
 
 class _ReadPool:
@@ -356,9 +375,12 @@ class _ReadPool:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, fn: Callable[..., None], args: tuple[Any, ...]) -> asyncio.Future[None]:
-        """Queue ``fn(*args)``; a future of the running loop, done when it has run (RuntimeError once
-        the pool is shut down)."""
+    def submit(
+        self, fn: Callable[..., None], args: tuple[Any, ...], until: float | None = None
+    ) -> asyncio.Future[None]:
+        """Queue ``fn(*args)``; a future of the running loop, done when it has run and, where ``until``
+        is given, :func:`link_clock` has reached it (a failed call lands at once). RuntimeError once
+        the pool is shut down."""
         loop = asyncio.get_running_loop()
         landings = self._landings
         if landings is None or landings.loop is not loop:
@@ -367,18 +389,21 @@ class _ReadPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the read pool is shut down")
-            self._work.put((landings, future, fn, args))
+            self._work.put((landings, future, fn, args, until))
         return future
 
     def _serve(self) -> None:
         work = self._work
         while (item := work.get()) is not None:
-            landings, future, fn, args = item
+            landings, future, fn, args, until = item
             error: BaseException | None = None
             try:
                 fn(*args)
             except BaseException as failed:  # handed to the reader, as a thread pool's future would
                 error = failed
+            else:
+                if until is not None and (left := until - link_clock()) > 0:
+                    time.sleep(left)  # the bytes are in; the link is still carrying them
             landings.add(future, error)
             del item, future, error  # hold no reference while idle
 
@@ -410,27 +435,29 @@ class _Executor:
         self.closing = False
 
     async def run(self, fn: Callable[..., None], *args: Any, carries: int = 0) -> None:
-        """Run ``fn(*args)`` on the pool. If the caller is cancelled, wait for the thread to finish
+        """Run ``fn(*args)`` on the pool. If the caller is cancelled, wait for the read to land
         before re-raising, so the slot is no longer being written when the cancellation lands.
-        With a link cap, return no earlier than the ``carries`` bytes could cross the link."""
+        With a link cap, return no earlier than the ``carries`` bytes could cross the link: the
+        reader thread holds the read back until then (see :func:`link_clock`)."""
         pool = self.pool
         if pool is None or self.closing:
             raise StoreClosed("expert store is closed")
-        await self._land(lambda: pool.submit(fn, args), carries)
+        await self._land(lambda until: pool.submit(fn, args, until), carries)
 
     async def run_native(self, reads: NativeReads, plan: Plan, slot: int, carries: int = 0) -> None:
         """:meth:`run` for a read on C threads: ``plan`` into the slot at address ``slot``."""
         if self.closing:
             raise StoreClosed("expert store is closed")
-        await self._land(lambda: reads.submit(plan, slot), carries)
+        await self._land(
+            lambda until: reads.submit(plan, slot, 0 if until is None else round(until * 1e9)), carries
+        )
 
-    async def _land(self, submit: Callable[[], asyncio.Future[None]], carries: int) -> None:
-        loop = asyncio.get_running_loop()
+    async def _land(self, submit: Callable[[float | None], asyncio.Future[None]], carries: int) -> None:
+        until = None if self.link is None else self.link.reserve(carries, link_clock())
         try:
-            fut = submit()
+            fut = submit(until)
         except RuntimeError:  # shut down between the check and the submit, from another thread
             raise StoreClosed("expert store is closed") from None
-        done_at = None if self.link is None else self.link.reserve(carries, loop.time())
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
@@ -442,8 +469,6 @@ class _Executor:
                 except Exception:
                     break
             raise
-        if done_at is not None and done_at > loop.time():
-            await asyncio.sleep(done_at - loop.time())  # the bytes are in; the link is still carrying them
 
     def shutdown(self) -> None:
         self.closing = True  # refuse new reads at once; the ones in flight finish

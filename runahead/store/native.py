@@ -167,9 +167,10 @@ class NativeReads:
         """Point ``path``'s reads at ``fd`` (a buffered reopen after O_DIRECT was refused)."""
         self._lib.runahead_reads_set_file(self._handle, self.files[path], fd, int(direct))
 
-    def submit(self, plan: Plan, slot: int) -> asyncio.Future[None]:
+    def submit(self, plan: Plan, slot: int, until_ns: int = 0) -> asyncio.Future[None]:
         """Queue ``plan`` into the slot at address ``slot``; a future of the running loop, done when
-        the bytes are in the slot (RuntimeError once the pool is closed)."""
+        the bytes are in the slot and ``CLOCK_MONOTONIC`` has reached ``until_ns`` (0: no wait; a
+        failed read lands at once). RuntimeError once the pool is closed."""
         if self._closed:  # first: a closed pool's pipe is closed, no loop may watch it
             raise RuntimeError("the native read pool is shut down")
         loop = asyncio.get_running_loop()
@@ -182,7 +183,7 @@ class NativeReads:
             if self._freed:
                 status = -1
             else:
-                status = self._blocking.runahead_reads_submit(self._handle, job, plan.address, slot)
+                status = self._blocking.runahead_reads_submit(self._handle, job, plan.address, slot, until_ns)
         if status:
             del self._waiting[job]
             raise RuntimeError("the native read pool is shut down" if status < 0 else os.strerror(status))
@@ -368,7 +369,7 @@ def _declare(library: ctypes.CDLL) -> None:
     pointer, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     signatures: dict[str, tuple[list[object], object]] = {
         "runahead_reads_open": ([i32, i32, pointer, pointer, i64, i64, i32], pointer),
-        "runahead_reads_submit": ([pointer, i64, pointer, pointer], i32),
+        "runahead_reads_submit": ([pointer, i64, pointer, pointer, i64], i32),
         "runahead_reads_drain": ([pointer, pointer, i64], i64),
         "runahead_reads_set_file": ([pointer, i32, i32, i32], None),
         "runahead_reads_io_bytes": ([pointer], i64),

@@ -13,6 +13,11 @@
    PLAN (int64): nruns, then per run: file, offset, nbytes, nparts, then per part:
    conversion (CONV_*), byte offset in the run, byte offset in the slot, bytes in the file.
 
+   A job may carry a time on CLOCK_MONOTONIC before which it may not complete (the store's link cap,
+   runahead.store.LinkCap): the thread that read it sleeps until then, so the read lands once, when
+   the link would have carried it, to the tens of microseconds the kernel wakes a thread in, where
+   the event loop's timers count whole milliseconds.
+
    Completions are (id, status, detail): status 0, or an errno of a read, or STATUS_SHORT where the
    file ended before the run did; detail: the failed run's index in the plan.
 
@@ -25,7 +30,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #ifdef __F16C__
 #include <immintrin.h>
 #endif
@@ -37,6 +46,7 @@ typedef struct {
     int64_t id;
     const int64_t *plan;
     char *slot;
+    int64_t until_ns; /* CLOCK_MONOTONIC nanoseconds before which it may not complete; 0: none */
 } job_t;
 
 typedef struct {
@@ -159,9 +169,31 @@ static int64_t run_job(pool_t *pool, char *buffer, const job_t *job, int64_t *de
     return 0;
 }
 
+/* Sleep until CLOCK_MONOTONIC reads `until_ns`. */
+static void sleep_until(int64_t until_ns) {
+    struct timespec at = {(time_t)(until_ns / 1000000000), (long)(until_ns % 1000000000)};
+#ifdef __linux__
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {
+    }
+#else /* no absolute sleep: a relative one, again until the time has come */
+    for (;;) {
+        struct timespec now, left;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t rest = (int64_t)(at.tv_sec - now.tv_sec) * 1000000000 + (at.tv_nsec - now.tv_nsec);
+        if (rest <= 0) break;
+        left.tv_sec = (time_t)(rest / 1000000000);
+        left.tv_nsec = (long)(rest % 1000000000);
+        nanosleep(&left, NULL);
+    }
+#endif
+}
+
 static void *serve(void *arg) {
     pool_t *pool = arg;
     char *buffer = NULL;
+#ifdef __linux__
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL); /* a paced read wakes on time, not up to 50 us late */
+#endif
     size_t align = pool->alignment > 4096 ? (size_t)pool->alignment : 4096; /* a page at least */
     if (posix_memalign((void **)&buffer, align, (size_t)pool->buffer_size)) buffer = NULL;
     for (;;) {
@@ -177,6 +209,7 @@ static void *serve(void *arg) {
         pthread_mutex_unlock(&pool->lock);
 
         int64_t detail = 0, status = buffer ? run_job(pool, buffer, &job, &detail) : ENOMEM;
+        if (status == 0 && job.until_ns > 0) sleep_until(job.until_ns); /* a failed read lands at once */
 
         pthread_mutex_lock(&pool->lock);
         pool->done[pool->finished++] = (done_t){job.id, status, detail};
@@ -239,8 +272,9 @@ fail:
     return NULL;
 }
 
-/* Queue expert job `id`: `plan` into `slot`. 0, or -1 once the pool is closing, or ENOMEM. */
-int runahead_reads_submit(void *handle, int64_t id, const int64_t *plan, char *slot) {
+/* Queue expert job `id`: `plan` into `slot`, completing no earlier than `until_ns` (CLOCK_MONOTONIC;
+   0: as soon as it is read). 0, or -1 once the pool is closing, or ENOMEM. */
+int runahead_reads_submit(void *handle, int64_t id, const int64_t *plan, char *slot, int64_t until_ns) {
     pool_t *pool = handle;
     pthread_mutex_lock(&pool->lock);
     if (pool->closing) {
@@ -263,7 +297,7 @@ int runahead_reads_submit(void *handle, int64_t id, const int64_t *plan, char *s
         pool->head = 0;
         pool->capacity = grown;
     }
-    pool->queue[(pool->head + pool->queued) % pool->capacity] = (job_t){id, plan, slot};
+    pool->queue[(pool->head + pool->queued) % pool->capacity] = (job_t){id, plan, slot, until_ns};
     pool->queued++;
     pool->outstanding++;
     pthread_cond_signal(&pool->work);
