@@ -37,9 +37,14 @@ def main() -> None:
         if found is None:
             continue
         point, mode, _ = found.groups()
-        by_policy = {(row["concurrency"], row["policy"]): row for row in map(json.loads, path.read_text().splitlines())}
-        for (requests, policy), row in by_policy.items():
-            sync = by_policy[requests, "sync"]
+        by_policy = {
+            (row["concurrency"], row["cache_fraction"], row["policy"]): row
+            for row in map(json.loads, path.read_text().splitlines())
+        }
+        for (requests, fraction, policy), row in by_policy.items():
+            sync = by_policy.get((requests, fraction, "sync"))
+            if sync is None:
+                continue  # a round still running: its sync row is not written yet
             limit = overlap_limit(sync["compute_s"], sync["fetch_s"])
             ratio = row["tokens_per_s"] / sync["tokens_per_s"]
             same = float(row["token_digest"] == sync["token_digest"])
@@ -55,7 +60,7 @@ def main() -> None:
                 same,
                 float("nan") if row.get("handoff_us_per_group") is None else row["handoff_us_per_group"],
             )
-            rows[f"{point}, {requests} req", policy, mode].append(cells)
+            rows[f"{point}, {requests} req, {fraction:.0%} cache", policy, mode].append(cells)
     print(
         "| point | policy | variant | tok/s by round | x sync | limit | share | thread ran | hand-off us "
         "| C / F ms a step |"
