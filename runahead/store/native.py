@@ -256,7 +256,8 @@ class NativeReads:
         )
 
     def close(self) -> None:
-        """Let queued reads finish, stop the threads and settle what they finished. Idempotent."""
+        """Let queued reads finish (a capped one at the end of its link time: at most the reads in
+        flight times one read's link time), stop the threads and settle what they finished. Idempotent."""
         if self._closed:
             return
         self._closed = True
