@@ -44,7 +44,7 @@ from runahead.models.mlx.base import MLXModel, RequestStateMLX, moe_sum
 from runahead.models.mlx.checkpoint import Checkpoint, load_checkpoint
 from runahead.models.mlx.slots import ExpertReader, SlotPools
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
-from runahead.store.base import check_link_bandwidth
+from runahead.store.link import check_link_bandwidth
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 

@@ -47,7 +47,7 @@ from runahead.jobs import ENTRY_LAYER, ExpertKey, Group, Job, JobResult, Request
 from runahead.models.hostcopy import int_tensor
 from runahead.models.routing import ExpertRows
 from runahead.sampling import Sampler, TokenLogprob, token_logprobs
-from runahead.store.base import check_link_bandwidth
+from runahead.store.link import check_link_bandwidth
 
 
 @dataclass(slots=True)

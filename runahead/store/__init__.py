@@ -27,7 +27,6 @@ from runahead.store.base import (
     DTYPES,
     MEMORY_FILESYSTEMS,
     ExpertStore,
-    LinkCap,
     SlotPool,
     StoreClosed,
     StoreError,
@@ -36,6 +35,7 @@ from runahead.store.base import (
 )
 from runahead.store.disk import DiskStore
 from runahead.store.host import HostStore
+from runahead.store.link import LinkCap
 
 __all__ = [
     "ALIGNMENT",

@@ -41,7 +41,7 @@ class DiskStore:
 
     ``bytes_read`` counts the experts' payload bytes (the ranges' ``nbytes``); ``io_bytes`` the bytes
     actually read, alignment padding included. ``link_bandwidth`` (bytes per second): reads are paced
-    to a serial link of that rate (:class:`~runahead.store.base.LinkCap`), their payload bytes each.
+    to a serial link of that rate (:class:`~runahead.store.link.LinkCap`), their payload bytes each.
 
     ``native``: reads into CPU slots run on C threads that never take the GIL
     (:mod:`runahead.store.native`: the ``preadv`` and the copies, not the Python threads above);

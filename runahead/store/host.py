@@ -32,7 +32,7 @@ class HostStore:
 
     ``bytes_read`` counts bytes copied out of the host image (the link traffic); with
     ``link_bandwidth`` (bytes per second) each copy is paced to a serial link of that rate
-    (:class:`~runahead.store.base.LinkCap`), so host memory can stand in for a slower device link.
+    (:class:`~runahead.store.link.LinkCap`), so host memory can stand in for a slower device link.
     ``native``: copies into CPU slots of the image's dtype run on C threads, as
     :class:`~runahead.store.disk.DiskStore`'s reads do (None: where available).
     """
