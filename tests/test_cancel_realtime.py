@@ -11,6 +11,7 @@ pin, KV cache and queue entry is released.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from runahead.backends.torch import TorchBackend
 from runahead.engine import Engine
 from runahead.jobs import RequestSpec
+from runahead.loops import loop_factory
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
@@ -110,11 +112,17 @@ def test_cancel_with_reads_queued_in_flight_or_done(model, moment: str, requests
     assert not backend._requests  # every KV cache freed
 
 
-def test_random_cancellations_through_the_engine_never_hurt_the_others(model) -> None:  # type: ignore[no-untyped-def]
-    """Many rounds on one engine: random requests, random cancel times, random victims."""
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "link-capped"])
+def test_random_cancellations_through_the_engine_never_hurt_the_others(model, capped: bool) -> None:  # type: ignore[no-untyped-def]
+    """Many rounds on one engine: random requests, random cancel times, random victims. Link-capped:
+    every read is held on its reader thread until its link time (~1-2 ms) has passed (so cancels land
+    while reads wait there), on the loop the server runs (uvloop where installed)."""
     path, expected = model
     rng = random.Random(1234)
     rounds = 30
+    config = json.loads((path / "config.json").read_text())
+    expert_bytes = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4
+    link_bandwidth = expert_bytes / 0.002 if capped else None
 
     async def round_(engine: Engine) -> tuple[int, int]:
         count = rng.randint(1, len(PROMPTS))
@@ -142,9 +150,12 @@ def test_random_cancellations_through_the_engine_never_hurt_the_others(model) ->
         return len(victims), sum(len(got[p]) < lengths[p] for p in victims)
 
     async def main() -> list[tuple[int, int]]:
-        async with await Engine.open(str(path), cache_fraction=0.2, policy="runahead") as engine:
+        async with await Engine.open(
+            str(path), cache_fraction=0.2, policy="runahead", link_bandwidth=link_bandwidth
+        ) as engine:
             return [await round_(engine) for _ in range(rounds)]
 
-    stats = asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory() if capped else None) as runner:
+        stats = runner.run(main())
     cut_short = sum(short for _, short in stats)
     assert cut_short >= rounds // 3, stats  # most cancellations really landed mid-generation
