@@ -142,6 +142,8 @@ def _sizes(roots: dict[str, Any], depth: int = 4) -> dict[str, int]:
         if id(value) in seen or level > depth:
             return
         seen.add(id(value))
+        if getattr(value, "maxlen", None) is not None:
+            return  # a deque with a bound (the mode chooser's log of windows) cannot grow past it
         if isinstance(value, dict | list | set | frozenset | tuple) or type(value).__name__ in (
             "deque",
             "Queue",
