@@ -7,6 +7,7 @@ with a small word-level tokenizer, so the folder loads offline like a hub checkp
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -172,6 +173,12 @@ def build_tiny_model(
     model.save_pretrained(path, **kwargs)
     save_tiny_tokenizer(path)
     return path
+
+
+def float32_expert_bytes(path: str | Path) -> int:
+    """Bytes of one routed expert of the model at ``path`` in float32 (gate, up and down)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    return 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4
 
 
 def save_tiny_tokenizer(path: str | Path) -> None:

@@ -11,7 +11,6 @@ pin, KV cache and queue entry is released.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from runahead.loops import loop_factory
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
-from modelhelpers import build_tiny_model, reference_greedy
+from modelhelpers import build_tiny_model, float32_expert_bytes, reference_greedy
 
 PROMPTS = [(5, 17, 42), (9, 3), (100, 2, 7, 7), (33,)]
 TOKENS = 10
@@ -120,9 +119,7 @@ def test_random_cancellations_through_the_engine_never_hurt_the_others(model, ca
     path, expected = model
     rng = random.Random(1234)
     rounds = 30
-    config = json.loads((path / "config.json").read_text())
-    expert_bytes = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4
-    link_bandwidth = expert_bytes / 0.002 if capped else None
+    link_bandwidth = float32_expert_bytes(path) / 0.002 if capped else None
 
     async def round_(engine: Engine) -> tuple[int, int]:
         count = rng.randint(1, len(PROMPTS))

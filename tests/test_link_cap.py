@@ -4,7 +4,6 @@ given bandwidth, through the real read path, with its bytes intact and the token
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import shutil
 import time
@@ -125,7 +124,7 @@ def test_a_capped_bench_point_computes_the_same_tokens_and_every_read_takes_the_
 ) -> None:
     from runahead.torchbench import TorchPoint, run_torch_point
 
-    from modelhelpers import build_tiny_model
+    from modelhelpers import build_tiny_model, float32_expert_bytes
 
     path = build_tiny_model("qwen3_moe", tmp_path / "model")
     common = dict(
@@ -136,8 +135,7 @@ def test_a_capped_bench_point_computes_the_same_tokens_and_every_read_takes_the_
     capped = run_torch_point(TorchPoint(str(path), **common, link_gbps=gbps))  # type: ignore[arg-type]
     assert capped["link_gbps"] == gbps and free["link_gbps"] is None
     assert capped["token_digest"] == free["token_digest"]
-    config = json.loads((path / "config.json").read_text())
-    expert_bytes = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4  # float32 experts
+    expert_bytes = float32_expert_bytes(path)
     # the link's busy time per step covers every read's transfer at the cap (the window clips the
     # reads that straddle its start: hence the margin)
     assert capped["fetch_s"] >= 0.9 * capped["fetches_per_step"] * expert_bytes / (gbps * 1e9) > 0
@@ -163,11 +161,10 @@ def test_the_engine_paces_every_read_and_keeps_its_tokens(tmp_path: Path) -> Non
     from runahead.engine import Engine
     from runahead.sampling import SamplingParams
 
-    from modelhelpers import build_tiny_model
+    from modelhelpers import build_tiny_model, float32_expert_bytes
 
     path = build_tiny_model("qwen3_moe", tmp_path / "model")
-    config = json.loads((path / "config.json").read_text())
-    expert_bytes = 3 * config["hidden_size"] * config["moe_intermediate_size"] * 4  # float32 experts
+    expert_bytes = float32_expert_bytes(path)
     bandwidth = 100 * expert_bytes  # 10 ms an expert
 
     async def run(cap: float | None) -> tuple[list[list[int]], list]:
