@@ -61,7 +61,7 @@ class RuntimeConfig:
     max_compute_failures: int = 3  # groups failing in a row before the runtime stops
     inline_compute: bool = True
     """Compute a decode group on the event loop's thread, not the backend's compute thread, while the
-    link has nothing to read (:class:`runahead.backend.InlineCompute`; torch and mlx): the loop is
+    link has nothing to read (:class:`runahead.backend.InlineCompute`: torch; mlx has none): the loop is
     busy for that group's time (a few ms on a CPU) and two thread hand-offs are saved. Off for an
     application whose loop must never wait that long."""
     policy_config: PolicyConfig = field(init=False)
