@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 import pytest
@@ -73,7 +74,7 @@ def test_the_first_choice_takes_the_faster_mode_without_a_margin() -> None:
 
 
 def test_measurements_are_kept_per_number_of_active_requests() -> None:
-    chooser = ModeChooser(probe_steps=2, first_exploit_steps=4)
+    chooser = ModeChooser(probe_steps=2, first_exploit_steps=4, probe_budget=1.0)
     run = Run(chooser)
     run.steps_of(20, costs(0.010, 0.012), requests=8)
     run.steps_of(20, costs(0.005, 0.004), requests=2)
@@ -97,7 +98,14 @@ def test_a_prompt_pass_restarts_the_window() -> None:
 
 
 @pytest.mark.parametrize(
-    "settings", [{"probe_steps": 0}, {"first_exploit_steps": 8, "max_exploit_steps": 4}, {"margin": 1.0}]
+    "settings",
+    [
+        {"probe_steps": 0},
+        {"first_exploit_steps": 8, "max_exploit_steps": 4},
+        {"margin": 1.0},
+        {"probe_budget": 0.0},
+        {"probe_budget": 1.5},
+    ],
 )
 def test_bad_settings_are_refused(settings: dict[str, float]) -> None:
     with pytest.raises(ValueError):
@@ -108,7 +116,7 @@ def test_under_the_step_barrier_a_switch_needs_no_settling_step() -> None:
     """Each probe of the loser is its measured steps alone: one step fewer each time."""
     lengths = {}
     for settle in (True, False):
-        chooser = ModeChooser(probe_steps=2, first_exploit_steps=8, settle_switches=settle)
+        chooser = ModeChooser(probe_steps=2, first_exploit_steps=8, probe_budget=1.0, settle_switches=settle)
         run = Run(chooser)
         run.steps_of(41, costs(0.010, 0.008))
         lengths[settle] = [(mode, len(list(steps))) for mode, steps in itertools.groupby(run.steps)]
@@ -122,7 +130,9 @@ def test_one_slow_window_does_not_hand_the_run_to_the_slower_mode() -> None:
     """A pause of the machine during the first probe of running ahead (its two measured steps at
     twice their cost) makes batching win the first comparison; the confirming probe of running
     ahead measures it as it is, and running ahead is exploited: batching runs its probes only."""
-    chooser = ModeChooser(probe_steps=2, first_exploit_steps=8, max_exploit_steps=32, settle_switches=False)
+    chooser = ModeChooser(
+        probe_steps=2, first_exploit_steps=8, max_exploit_steps=32, probe_budget=1.0, settle_switches=False
+    )
     run = Run(chooser)
     paused = iter([2.0] * 8 + [1.0] * 10**6)  # the tokens of the first two measured steps
 
@@ -182,3 +192,40 @@ def test_the_confirming_probe_of_the_incumbent_keeps_the_margin() -> None:
         (AHEAD, AHEAD),  # 0.0094 is within 5% of batch's 0.009: ahead stays
     ]
     assert chooser.incumbent is AHEAD
+
+
+@pytest.mark.parametrize("settle", [True, False], ids=["settling", "barrier"])
+def test_a_wide_gap_is_probed_seldom_from_the_first_choice(settle: bool) -> None:
+    """Batching 30% slower a step: the first exploit window is long enough that probing batching
+    again costs 1% of it (its steps x the gap it measured / 0.01), not the doubling's 16 steps; over
+    a long run the probes of the loser cost about the budget."""
+    chooser = ModeChooser(probe_steps=2, settle_switches=settle)
+    run = Run(chooser)
+    run.steps_of(400, costs(0.010, 0.013))
+    segments = [(mode, len(list(steps))) for mode, steps in itertools.groupby(run.steps)]
+    (_, _, ahead, _), (_, _, batch, _) = list(chooser.log)[:2]
+    # (the harness counts a step from its first token, the chooser's steps end there: one apart, so
+    # without a settling step a window measures one token of the mode before it: ~19% slower)
+    assert batch / ahead == pytest.approx(1.3 if settle else 1.1875)
+    loser_steps = 2 + settle  # a probe's measured steps and, where switches settle, its settling step
+    first_window = math.ceil(loser_steps * (batch / ahead - 1) / 0.01)
+    assert first_window > 2 * 16
+    assert chooser.incumbent is AHEAD
+    # ahead probed (after the start's settling step), batch probed, then ahead exploited for the
+    # window's measured steps plus, with settling, the step that settles back
+    assert segments[:3] == [(AHEAD, 4), (BATCH, 2 + settle), (AHEAD, first_window + settle)]
+    # later windows double from there, up to the cap
+    assert segments[4] == (AHEAD, min(2 * first_window, 128) + settle)
+    doubling = Run(ModeChooser(probe_steps=2, probe_budget=1.0, settle_switches=settle))
+    doubling.steps_of(400, costs(0.010, 0.013))
+    assert run.steps.count(BATCH) < doubling.steps.count(BATCH)
+
+
+def test_a_gap_within_the_doubling_leaves_its_windows_alone() -> None:
+    """Batching 4% slower: 2 steps x 0.04 / 0.01 = 8 steps, under the first window of 16, so the
+    windows are the doubling's: 16, then 32."""
+    chooser = ModeChooser(probe_steps=2, settle_switches=False)
+    run = Run(chooser)
+    run.steps_of(80, costs(0.010, 0.0104))
+    segments = [(mode, len(list(steps))) for mode, steps in itertools.groupby(run.steps)]
+    assert segments[:5] == [(AHEAD, 4), (BATCH, 2), (AHEAD, 16), (BATCH, 2), (AHEAD, 32)][:5]
