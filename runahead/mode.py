@@ -57,8 +57,9 @@ PROBE_BUDGET = 0.01
 """The most a probe of the losing mode may cost, as a share of the exploit window before it: after a
 choice the window is at least ``loser steps x gap / PROBE_BUDGET`` measured steps (up to
 :data:`MAX_EXPLOIT_STEPS`), where ``gap`` is how much slower per token the loser measured and its
-steps are a probe's measured steps and its settling step. A gap within the margin leaves the doubling
-alone; a loser 26% slower gets 52-78 steps between probes instead of 16."""
+steps are a probe's measured steps and its settling step. A gap under 8% (5% with settling steps)
+leaves the first window at :data:`FIRST_EXPLOIT_STEPS`; a loser 26% slower gets 52 steps (78 with
+settling) between probes instead of 16."""
 LOG_WINDOWS = 256
 """Finished windows :attr:`ModeChooser.log` keeps, the latest (an engine serving for days would
 otherwise keep one entry a window for as long as it runs)."""
@@ -82,8 +83,8 @@ class ModeChooser:
     ``settle_switches``: a switch of mode is followed by a settling step, not measured; off where a
     step boundary leaves nothing of the last step in flight (the step barrier), so a probe there is
     its measured steps alone. A window restarted by a change of requests or a prompt pass settles
-    either way. ``probe_budget`` (default :data:`PROBE_BUDGET`; 1 leaves the doubling alone at any
-    gap under 1 / loser steps) sizes exploit windows by how much slower the loser measured.
+    either way. ``probe_budget`` (default :data:`PROBE_BUDGET`; 1 all but turns it off) sizes exploit
+    windows by how much slower the loser measured.
     ``seconds_per_token`` holds each mode's latest measurement per number of active requests;
     ``switches`` counts changes of mode; ``log`` keeps the latest :data:`LOG_WINDOWS` finished windows
     as (mode, requests, seconds per token, the mode chosen next).

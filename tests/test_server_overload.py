@@ -172,7 +172,9 @@ def _engine_objects(server: RunningServer) -> dict[str, Any]:
     engine = server.engine
     roots: dict[str, Any] = {"engine": engine}
     for kind in (JobIssuer, ExpertFetcher, ComputeScheduler, OpenAIRoutes, AccessLog):
-        found = [o for o in gc.get_objects() if isinstance(o, kind) and _serves(o, engine)]
+        # type(), not isinstance(): isinstance reads ``__class__``, which some objects the collector
+        # holds compute (a deprecated torch alias warns when looked at)
+        found = [o for o in gc.get_objects() if issubclass(type(o), kind) and _serves(o, engine)]
         assert len(found) == 1, kind
         roots[kind.__name__] = found[0]
     metrics = roots["AccessLog"].metrics
