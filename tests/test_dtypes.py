@@ -107,7 +107,38 @@ def test_the_kernel_race_for_bf16_experts_times_both_rows_where_the_build_has_bf
     margin = dtypes.BF16_ROWS_WIN
     for share, wanted in ((margin, torch.bfloat16), (margin + 0.01, torch.float32)):
         seconds = {torch.float32: 1.0, torch.bfloat16: share}
-        monkeypatch.setattr(dtypes, "_time_expert_rows", lambda dtype, _h, _i, s=seconds: s[dtype])
+        monkeypatch.setattr(dtypes, "_expert_rows_times", lambda _h, _i, s=seconds: s)
         faster_expert_rows.cache_clear()
         assert faster_expert_rows(64, 32) is wanted, share
     faster_expert_rows.cache_clear()
+
+
+def test_the_race_takes_turns_keeps_each_best_and_drops_a_hopeless_candidate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The candidates' passes alternate (order reversed every other round), each candidate's best pass
+    counts, and with a give-up factor one far slower in the first round is cut short there (its pass
+    gets the deadline) and not timed again: a pause of the machine cannot fall on one candidate's
+    passes alone."""
+    from runahead.backends import dtypes
+
+    clock = [0.0]
+    monkeypatch.setattr(dtypes.time, "perf_counter", lambda: clock[0])
+    calls: list[tuple[str, float]] = []
+
+    def timed(name: str, seconds: list[float]) -> dtypes.Pass:
+        def run(deadline: float) -> None:
+            calls.append((name, deadline - clock[0]))
+            clock[0] += seconds.pop(0)
+
+        return run
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    best = dtypes._race({f32: timed("f32", [3.0, 1.0, 2.0]), bf16: timed("bf16", [2.0, 5.0, 1.5])}, 3)
+    assert [name for name, _ in calls] == ["f32", "bf16", "bf16", "f32", "f32", "bf16"]
+    assert best == {f32: 1.0, bf16: 1.5}  # f32's best is its second pass: one slow pass does not decide
+
+    calls.clear()
+    best = dtypes._race({f32: timed("f32", [1.0, 1.0, 1.0]), bf16: timed("bf16", [4.5])}, 3, give_up=4.0)
+    assert calls == [("f32", float("inf")), ("bf16", 4.0), ("f32", float("inf")), ("f32", float("inf"))]
+    assert best == {f32: 1.0, bf16: 4.5}

@@ -13,7 +13,9 @@ float32 rows over the stored bf16 weights against bfloat16 rows with the CPU's b
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from functools import cache
 
 import structlog
@@ -66,13 +68,11 @@ def fastest_cpu_dtype(hidden: int, inter: int) -> torch.dtype:
     """The faster of :data:`CANDIDATES` for ``x [rows, hidden] @ W [inter, hidden].T`` on this CPU.
 
     Measured once per process and shape: each candidate's best of three passes over
-    :data:`_ROWS` row counts, each pass cycling through ~64 MiB of float32-sized weights. A
-    candidate already 4x slower than the best after its first pass is not measured further.
+    :data:`_ROWS` row counts, each pass cycling through ~64 MiB of float32-sized weights, the
+    candidates taking turns (:func:`_race`). A candidate 4x slower than the other in the first
+    round is not measured further (bfloat16 without the CPU's support: ~100x).
     """
-    timings: dict[torch.dtype, float] = {}
-    for dtype in CANDIDATES:
-        slowest = 4 * min(timings.values(), default=float("inf"))
-        timings[dtype] = _time_products(dtype, hidden, inter, give_up=slowest)
+    timings = _products_times(hidden, inter, give_up=4.0)
     chosen = min(timings, key=lambda d: timings[d])
     _log_race("torch's products", chosen, timings, hidden, inter)
     return chosen
@@ -80,25 +80,65 @@ def fastest_cpu_dtype(hidden: int, inter: int) -> torch.dtype:
 
 def cpu_dtype_timings(hidden: int, inter: int) -> dict[str, float]:
     """Seconds per pass of the products :func:`fastest_cpu_dtype` compares, per candidate (no give-up)."""
-    return {str(d).removeprefix("torch."): _time_products(d, hidden, inter) for d in CANDIDATES}
+    return {str(d).removeprefix("torch."): t for d, t in _products_times(hidden, inter).items()}
 
 
-def _time_products(dtype: torch.dtype, hidden: int, inter: int, give_up: float = float("inf")) -> float:
-    count = max(2, min(64, _COLD_BYTES // (4 * hidden * inter)))
-    weights = torch.full((count, inter, hidden), 0.01, dtype=dtype)
-    inputs = [torch.full((rows, hidden), 0.5, dtype=dtype) for rows in _ROWS]
-    best = float("inf")
-    with torch.inference_mode():
-        F.linear(inputs[0], weights[0])  # first-call set-up (kernel selection) is not measured
-        for _ in range(3):
+Pass = Callable[[float], None]
+"""One timed pass of a candidate's products; it may stop early once ``perf_counter`` passes the
+deadline it is given (a candidate already out of the race)."""
+
+
+def _race(
+    passes: dict[torch.dtype, Pass], rounds: int, give_up: float = math.inf
+) -> dict[torch.dtype, float]:
+    """Each candidate's best pass (seconds) over ``rounds`` rounds in which the candidates take turns,
+    the order reversed every other round.
+
+    NOTE (why turns). Timed one candidate after the other, a pause of the machine (another process,
+    a hypervisor) or a warming cache that lasts through one candidate's passes hands the race to the
+    other. On an Intel Xeon with AMX and AVX-512 BF16 (2026-12-05, ten fresh processes each, the
+    medium model's 1024 x 512 experts) the kernel's race gave bfloat16 rows 0.61-1.11x float32's time
+    one after the other, so one run in ten took float32 (and computed float32's tokens); taking turns,
+    0.78-0.91x, bfloat16 in all ten. A pause now has to outlast a pass of each candidate to tilt the
+    best of every round. After the first round a candidate more than ``give_up`` times the fastest
+    one's first pass is not measured again, and its first pass stops at that time (it is out of the
+    race either way).
+    """
+    best: dict[torch.dtype, float] = {}
+    live = list(passes)
+    for round_ in range(rounds):
+        for dtype in live if round_ % 2 == 0 else live[::-1]:
+            bar = give_up * min(best.values(), default=math.inf) if round_ == 0 else math.inf
             start = time.perf_counter()
-            for x in inputs:
-                for w in weights:
-                    F.linear(x, w)
-                if time.perf_counter() - start > give_up:
-                    return time.perf_counter() - start  # hopeless: stop measuring it
-            best = min(best, time.perf_counter() - start)
+            passes[dtype](start + bar)
+            best[dtype] = min(best.get(dtype, math.inf), time.perf_counter() - start)
+        if round_ == 0 and give_up < math.inf:
+            fastest = min(best.values())
+            live = [dtype for dtype in live if best[dtype] <= give_up * fastest]
     return best
+
+
+def _products_times(hidden: int, inter: int, give_up: float = math.inf) -> dict[torch.dtype, float]:
+    """:func:`_race` of torch's products in each of :data:`CANDIDATES`, three rounds."""
+    count = max(2, min(64, _COLD_BYTES // (4 * hidden * inter)))
+
+    def products(dtype: torch.dtype) -> Pass:
+        weights = torch.full((count, inter, hidden), 0.01, dtype=dtype)
+        inputs = [torch.full((rows, hidden), 0.5, dtype=dtype) for rows in _ROWS]
+        with torch.inference_mode():
+            F.linear(inputs[0], weights[0])  # first-call set-up (kernel selection) is not timed
+
+        def run(deadline: float) -> None:
+            with torch.inference_mode():
+                for x in inputs:
+                    for w in weights:
+                        F.linear(x, w)
+                    if time.perf_counter() > deadline:
+                        return  # out of the race: no need to finish
+
+        return run
+
+    return _race({dtype: products(dtype) for dtype in CANDIDATES}, 3, give_up)
 
 
 BF16_ROWS_WIN = 0.95
@@ -120,19 +160,19 @@ def faster_expert_rows(hidden: int, inter: int) -> torch.dtype:
     Both keep the experts as the file stores them; float32 rows widen each weight in registers (the
     ``BF16`` pass), bfloat16 rows use the CPU's bf16 dot products (``BF16*bf16``), in the build that
     has them (else float32, unmeasured). Each is timed as a decode group runs it (gate and up as one
-    product, the gated unit, down) over ~128 MiB of experts (256 at most), best of five (~0.3 s on 1024 x 512
-    experts); bfloat16 is chosen when it takes at most :data:`BF16_ROWS_WIN` of float32's time, as
+    product, the gated unit, down) over ~128 MiB of experts (256 at most), best of five passes each,
+    the two taking turns (:func:`_race`; ~0.2 s on 1024 x 512 experts); bfloat16 is chosen when it takes at most :data:`BF16_ROWS_WIN` of float32's time, as
     measured once per process and shape (one thread or many: torch's count, as the compute runs it,
     since :meth:`~runahead.backends.torch.TorchBackend.open` sets it first). On an Intel Xeon with
-    AMX and AVX-512 BF16 (2026-12-05) bfloat16 rows took 0.78-0.86x the time at 1024 x 512
-    (0.86-0.90x at 2048 x 768) and the medium model decoded 1.08x (one request) and 1.19x (eight)
+    AMX and AVX-512 BF16 (2026-12-05) bfloat16 rows took 0.78-0.91x the time at 1024 x 512
+    (0.86-0.90x at 2048 x 768, timed one after the other) and the medium model decoded 1.08x (one request) and 1.19x (eight)
     faster; docs/results-torch.md, "A bfloat16 checkpoint on an AMX Xeon".
     """
     from runahead.models import qkernel
 
     if not qkernel.bf16_dot() or hidden % qkernel.BLOCK or inter % qkernel.BLOCK:
         return torch.float32
-    timings = {dtype: _time_expert_rows(dtype, hidden, inter) for dtype in CANDIDATES}
+    timings = _expert_rows_times(hidden, inter)
     wins = timings[torch.bfloat16] <= BF16_ROWS_WIN * timings[torch.float32]
     chosen = torch.bfloat16 if wins else torch.float32
     _log_race("the kernel's rows over stored bf16 experts", chosen, timings, hidden, inter)
@@ -156,29 +196,33 @@ def _log_race(
 
 def expert_rows_timings(hidden: int, inter: int) -> dict[str, float]:
     """Seconds per pass of the products :func:`faster_expert_rows` compares, per candidate."""
-    return {str(d).removeprefix("torch."): _time_expert_rows(d, hidden, inter) for d in CANDIDATES}
+    return {str(d).removeprefix("torch."): t for d, t in _expert_rows_times(hidden, inter).items()}
 
 
-def _time_expert_rows(dtype: torch.dtype, hidden: int, inter: int) -> float:
+def _expert_rows_times(hidden: int, inter: int) -> dict[torch.dtype, float]:
+    """:func:`_race` of the kernel's float32 and bfloat16 rows over the same bf16 experts, five rounds."""
     from runahead.models import qkernel
 
-    kind = "BF16" if dtype == torch.float32 else qkernel.BF16_DOT
     size = 3 * inter * hidden
     most = max(n for _, n in _EXPERT_GROUPS)
     count = most * max(1, min(_MOST_EXPERTS, _EXPERT_COLD_BYTES // (2 * size)) // most)
     experts = torch.full((count, size), 0.01, dtype=torch.bfloat16)
     down_at = 2 * inter * hidden * 2  # bytes into an expert: gate | up, then down
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(5):
-            start = time.perf_counter()
-            for per, n in _EXPERT_GROUPS:
-                x = torch.full((per * n, hidden), 0.5, dtype=dtype)
-                runs = [(i * per, (i + 1) * per) for i in range(n)]
-                for first in range(0, count, n):
-                    at = [experts[first + i].data_ptr() for i in range(n)]
-                    gate_up = qkernel.grouped_product(x, at, runs, kind, 2 * inter).to(dtype)
-                    unit = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).contiguous()
-                    qkernel.grouped_product(unit, [a + down_at for a in at], runs, kind, hidden)
-            best = min(best, time.perf_counter() - start)
-    return best
+
+    def rows(dtype: torch.dtype) -> Pass:
+        kind = "BF16" if dtype == torch.float32 else qkernel.BF16_DOT
+
+        def run(_deadline: float) -> None:
+            with torch.inference_mode():
+                for per, n in _EXPERT_GROUPS:
+                    x = torch.full((per * n, hidden), 0.5, dtype=dtype)
+                    runs = [(i * per, (i + 1) * per) for i in range(n)]
+                    for first in range(0, count, n):
+                        at = [experts[first + i].data_ptr() for i in range(n)]
+                        gate_up = qkernel.grouped_product(x, at, runs, kind, 2 * inter).to(dtype)
+                        unit = (F.silu(gate_up[:, :inter]) * gate_up[:, inter:]).contiguous()
+                        qkernel.grouped_product(unit, [a + down_at for a in at], runs, kind, hidden)
+
+        return run
+
+    return _race({dtype: rows(dtype) for dtype in CANDIDATES}, 5)
