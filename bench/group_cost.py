@@ -98,19 +98,37 @@ def fixed_and_per_job(medians: dict[int, float]) -> tuple[float, float] | None:
     return mean_t - per_job * mean_n, per_job
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="small")
-    parser.add_argument("--store", default="disk", choices=["disk", "host"])
-    parser.add_argument("--cache-fraction", type=float, default=0.3)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--policy", default="runahead/grouping=bottleneck")
-    parser.add_argument("--steps", type=int, default=48)
-    parser.add_argument("--warmup-steps", type=int, default=4)
-    parser.add_argument("--link-gbps", type=float)
-    parser.add_argument("--json", type=Path, help="also write the medians here")
-    args = parser.parse_args()
-    point = TorchPoint(
+POINT_DEFAULTS: dict[str, Any] = {
+    "model": "small",
+    "store": "disk",
+    "cache_fraction": 0.3,
+    "concurrency": 8,
+    "policy": "runahead/grouping=bottleneck",
+    "steps": 48,
+    "warmup_steps": 4,
+    "link_gbps": None,
+    "dtype": "auto",
+}
+
+
+def point_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """A torch bench point's options (:data:`POINT_DEFAULTS`, ``defaults`` overriding them); read
+    back by :func:`point_of`. Shared by the bench scripts that time one point's groups."""
+    d = {**POINT_DEFAULTS, **defaults}
+    parser.add_argument("--model", default=d["model"])
+    parser.add_argument("--store", default=d["store"], choices=["disk", "host"])
+    parser.add_argument("--cache-fraction", type=float, default=d["cache_fraction"])
+    parser.add_argument("--concurrency", type=int, default=d["concurrency"])
+    parser.add_argument("--policy", default=d["policy"])
+    parser.add_argument("--steps", type=int, default=d["steps"])
+    parser.add_argument("--warmup-steps", type=int, default=d["warmup_steps"])
+    parser.add_argument("--link-gbps", type=float, default=d["link_gbps"])
+    parser.add_argument("--dtype", default=d["dtype"])
+
+
+def point_of(args: argparse.Namespace, **extra: Any) -> TorchPoint:
+    """The point :func:`point_arguments`' options name (``extra``: further ``TorchPoint`` fields)."""
+    return TorchPoint(
         resolve_model(args.model),
         args.policy,
         args.concurrency,
@@ -119,7 +137,17 @@ def main() -> None:
         store=args.store,
         warmup_steps=args.warmup_steps,
         link_gbps=args.link_gbps,
+        dtype=args.dtype,
+        **extra,
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    point_arguments(parser)
+    parser.add_argument("--json", type=Path, help="also write the medians here")
+    args = parser.parse_args()
+    point = point_of(args)
     row, groups = timed_groups(point)
     ran = row["compute_cpu_share"]
     print(f"{args.policy}: {row['tokens_per_s']:.1f} tok/s, compute thread ran {ran:.0%}")

@@ -37,9 +37,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from group_cost import point_arguments, point_of  # bench/ is this script's folder: its sys.path[0]
+
 from runahead.backends import common
 from runahead.jobs import Group, JobResult
-from runahead.torchbench import TorchPoint, resolve_model, run_torch_point
+from runahead.torchbench import TorchPoint, run_torch_point
 
 Marks = list[tuple[float, float, float, float, float]]
 """Per group: hand-over, thread start, thread end, loop resumed (perf_counter seconds), and the
@@ -109,31 +111,20 @@ def spread(values: Sequence[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="medium")
-    parser.add_argument("--store", default="host", choices=["disk", "host"])
-    parser.add_argument("--link-gbps", type=float, default=3.0)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--cache-fraction", type=float, default=0.7)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--policy", default="runahead/grouping=bottleneck")
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--warmup-steps", type=int, default=8)
+    point_arguments(
+        parser,
+        model="medium",
+        store="host",
+        link_gbps=3.0,
+        cache_fraction=0.7,
+        concurrency=4,
+        steps=32,
+        warmup_steps=8,
+    )
     parser.add_argument("--pair", action="store_true", help="loop and compute thread on one core (Linux)")
     parser.add_argument("--no-inline", action="store_true", help="every group on the compute thread")
     args = parser.parse_args()
-    point = TorchPoint(
-        resolve_model(args.model),
-        args.policy,
-        args.concurrency,
-        args.cache_fraction,
-        args.steps,
-        store=args.store,
-        warmup_steps=args.warmup_steps,
-        link_gbps=args.link_gbps,
-        dtype=args.dtype,
-        preload=args.cache_fraction >= 1.0,
-        inline_compute=not args.no_inline,
-    )
+    point = point_of(args, preload=args.cache_fraction >= 1.0, inline_compute=not args.no_inline)
     row, marks = timed_handoffs(point, args.pair)
     kept = marks[len(marks) // 5 :]
     if len(kept) < 2:
