@@ -161,12 +161,13 @@ def faster_expert_rows(hidden: int, inter: int) -> torch.dtype:
     ``BF16`` pass), bfloat16 rows use the CPU's bf16 dot products (``BF16*bf16``), in the build that
     has them (else float32, unmeasured). Each is timed as a decode group runs it (gate and up as one
     product, the gated unit, down) over ~128 MiB of experts (256 at most), best of five passes each,
-    the two taking turns (:func:`_race`; ~0.2 s on 1024 x 512 experts); bfloat16 is chosen when it takes at most :data:`BF16_ROWS_WIN` of float32's time, as
-    measured once per process and shape (one thread or many: torch's count, as the compute runs it,
-    since :meth:`~runahead.backends.torch.TorchBackend.open` sets it first). On an Intel Xeon with
-    AMX and AVX-512 BF16 (2026-12-05) bfloat16 rows took 0.78-0.91x the time at 1024 x 512
-    (0.86-0.90x at 2048 x 768, timed one after the other) and the medium model decoded 1.08x (one request) and 1.19x (eight)
-    faster; docs/results-torch.md, "A bfloat16 checkpoint on an AMX Xeon".
+    the two taking turns (:func:`_race`; ~0.2 s on 1024 x 512 experts); bfloat16 is chosen when it
+    takes at most :data:`BF16_ROWS_WIN` of float32's time, as measured once per process and shape
+    (one thread or many: torch's count, as the compute runs it, since
+    :meth:`~runahead.backends.torch.TorchBackend.open` sets it first). On an Intel Xeon with AMX and
+    AVX-512 BF16 (2026-12-05) bfloat16 rows took 0.78-0.91x the time at 1024 x 512 (0.86-0.90x at
+    2048 x 768, timed one after the other) and the medium model decoded 1.08x (one request) and 1.19x
+    (eight) faster; docs/results-torch.md, "A bfloat16 checkpoint on an AMX Xeon".
     """
     from runahead.models import qkernel
 
