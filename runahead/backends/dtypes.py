@@ -80,7 +80,7 @@ def fastest_cpu_dtype(hidden: int, inter: int) -> torch.dtype:
 
 def cpu_dtype_timings(hidden: int, inter: int) -> dict[str, float]:
     """Seconds per pass of the products :func:`fastest_cpu_dtype` compares, per candidate (no give-up)."""
-    return {str(d).removeprefix("torch."): t for d, t in _products_times(hidden, inter).items()}
+    return _by_name(_products_times(hidden, inter))
 
 
 Pass = Callable[[float], None]
@@ -183,12 +183,17 @@ def faster_expert_rows(hidden: int, inter: int) -> torch.dtype:
     return chosen
 
 
+def _by_name(timings: dict[torch.dtype, float]) -> dict[str, float]:
+    """``timings`` keyed by the dtypes' names (``float32``, ``bfloat16``), as the log shows them."""
+    return {str(d).removeprefix("torch."): t for d, t in timings.items()}
+
+
 def _log_race(
     race: str, chosen: torch.dtype, timings: dict[torch.dtype, float], hidden: int, inter: int
 ) -> None:
     """Say once per process and shape what ``auto`` chose on this CPU, and the times it chose from
     (a bfloat16 compute's tokens are not float32's: the user should be able to see why)."""
-    ms = {str(d).removeprefix("torch."): round(t * 1e3, 2) for d, t in timings.items()}
+    ms = {name: round(t * 1e3, 2) for name, t in _by_name(timings).items()}
     log.info(
         "compute dtype timed",
         race=race,
@@ -200,7 +205,7 @@ def _log_race(
 
 def expert_rows_timings(hidden: int, inter: int) -> dict[str, float]:
     """Seconds per pass of the products :func:`faster_expert_rows` compares, per candidate."""
-    return {str(d).removeprefix("torch."): t for d, t in _expert_rows_times(hidden, inter).items()}
+    return _by_name(_expert_rows_times(hidden, inter))
 
 
 def _expert_rows_times(hidden: int, inter: int) -> dict[torch.dtype, float]:
