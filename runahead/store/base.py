@@ -18,6 +18,7 @@ import torch
 
 from runahead.models.layout import ROLE_SETS, ExpertLayout, TensorRange, role_shape, stored_nbytes
 from runahead.store.link import LinkCap, link_clock
+from runahead.store.memory import huge_page_tensor
 
 if TYPE_CHECKING:
     from runahead.store.native import NativeReads, Plan
@@ -91,7 +92,11 @@ class SlotPool:
         self.slot_numel = slot_numel
         self.dtype = dtype
         self.device = torch.device(device)
-        self.data = torch.empty((num_slots, slot_numel), dtype=dtype, device=self.device)
+        self.data = (
+            huge_page_tensor((num_slots, slot_numel), dtype)  # what the kernel streams: fewer TLB misses
+            if self.device.type == "cpu"
+            else torch.empty((num_slots, slot_numel), dtype=dtype, device=self.device)
+        )
         # NOTE (views made once): ``data[i]`` is a torch call that lets go of the GIL, and the event
         # loop asks for a slot at every read while the compute thread runs Python: a call that lets
         # go of the GIL can then wait for it up to the switch interval (docs/results-torch.md).

@@ -17,6 +17,7 @@ from runahead.store.base import (
     validate_layout,
 )
 from runahead.store.files import _copy_run, _FileReader
+from runahead.store.memory import huge_page_tensor
 from runahead.store.native import memory_plan, native_reads
 
 
@@ -54,8 +55,11 @@ class HostStore:
         self.bytes_read = 0
         self.reads = 0
         self._index = {key: i for i, key in enumerate(sorted(layout.ranges))}
-        self.image = torch.empty(
-            (len(self._index), layout.slot_numel), dtype=self.dtype, pin_memory=self.pin_memory
+        shape = (len(self._index), layout.slot_numel)
+        self.image = (
+            torch.empty(shape, dtype=self.dtype, pin_memory=True)  # CUDA's copies need it page-locked
+            if self.pin_memory
+            else huge_page_tensor(shape, self.dtype)  # what every read copies from
         )
         files = _FileReader((r.path for rs in layout.ranges.values() for r in rs), direct=True)
         try:
