@@ -31,13 +31,13 @@ import asyncio
 import contextlib
 import itertools
 import os
-import statistics
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from group_cost import point_arguments, point_of  # bench/ is this script's folder: its sys.path[0]
+from idle_gaps import spread
 
 from runahead.backends import common
 from runahead.jobs import Group, JobResult
@@ -97,16 +97,6 @@ def timed_handoffs(point: TorchPoint, pair: bool) -> tuple[dict[str, Any], Marks
         common.RequestLifecycle._timed_compute = timed_compute  # type: ignore[method-assign]
         common.RequestLifecycle.compute = compute  # type: ignore[method-assign]
     return row, marks
-
-
-def spread(values: Sequence[float]) -> str:
-    """Median, mean and 90th percentile of ``values`` (seconds) in microseconds."""
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-    return (
-        f"median {statistics.median(ordered) * 1e6:6.0f} us, mean {statistics.fmean(ordered) * 1e6:6.0f}, "
-        f"p90 {p90 * 1e6:6.0f}"
-    )
 
 
 def main() -> None:

@@ -124,13 +124,21 @@ def report(gaps: Gaps) -> list[str]:
     ]
     for name, values in kinds:
         if values:
-            ordered = sorted(values)
             lines.append(
-                f"{name:28s} {len(values):6d} gaps {sum(values) / 1e3:8.1f} ms  median "
-                f"{statistics.median(values):7.0f} us  mean {statistics.fmean(values):7.0f}  "
-                f"p90 {ordered[int(0.9 * (len(ordered) - 1))]:7.0f}"
+                f"{name:28s} {len(values):6d} gaps {sum(values) / 1e3:8.1f} ms  "
+                + spread([v / 1e6 for v in values])
             )
     return lines
+
+
+def spread(values: Sequence[float]) -> str:
+    """Median, mean and 90th percentile of ``values`` (seconds) in microseconds."""
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return (
+        f"median {statistics.median(ordered) * 1e6:6.0f} us, mean {statistics.fmean(ordered) * 1e6:6.0f}, "
+        f"p90 {p90 * 1e6:6.0f}"
+    )
 
 
 def main() -> None:
