@@ -24,6 +24,16 @@ round (at 2, behind in three of four: its reads come one layer's job at a time, 
 flight leaves the disk's latency bare), sync alike; the medium model (3 MB experts) sync 4.9-5.1
 against 4.3-4.6, runahead 5.9-6.4 against 5.7-5.9 (docs/results-torch.md)."""
 
+INLINE_READS_IN_FLIGHT = 2 * READS_IN_FLIGHT
+"""The runtime's link workers by default where it computes groups on the event loop's thread
+(:class:`InlineCompute`): a group is computed there only once every revealed read has started
+(``ExpertFetcher.settled``), so the reads in flight are all the link has while the loop computes.
+Eight reads of the medium model behind its 3 GB/s cap are ~8 ms of link, more than a group; at four
+the loop seldom found every read started and the link ran dry under the groups it did compute, so
+the rule ran 0.9x slower than handing every group over (docs/results-torch.md, "Groups on the
+loop's thread while reads are in flight"). The store keeps :data:`READS_IN_FLIGHT` reader threads:
+a read queued behind them waits its turn on the serial link anyway."""
+
 if TYPE_CHECKING:
     from runahead.cache import ExpertCache
 
@@ -44,10 +54,14 @@ class Backend(Protocol):
     def close_request(self, request: int) -> None:
         """Free the request's state. Idempotent."""
 
-    async def fetch(self, key: ExpertKey, slot: int) -> None:
+    async def fetch(self, key: ExpertKey, slot: int) -> float | None:
         """Move one expert from the store into cache slot ``slot`` over the link.
 
-        Several fetches may be in flight at once; each returns when its bytes are in the slot.
+        Several fetches may be in flight at once; each returns when its bytes are in the slot, with
+        the time they were on the runtime's clock where the backend knows it better than the moment
+        its await resumes (a real store's reading thread notes it: ``ExpertStore.read_into``), else
+        None. The ExpertFetcher records the read as ending then, so a landing the event loop takes
+        late (after a group it computed itself) does not count as link time.
         """
 
     async def compute(self, group: Group) -> Sequence[JobResult]:

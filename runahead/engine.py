@@ -139,8 +139,10 @@ class Engine:
         but one: :mod:`runahead.backends.threads`); a process-wide torch setting. MLX picks its own:
         a count given with ``backend="mlx"`` is a ValueError.
         ``reads_in_flight``: expert reads kept in flight at once (the store's workers and the runtime's
-        link workers; None: :data:`runahead.backend.READS_IN_FLIGHT`): an NVMe drive may want more,
-        a slow serial link fewer; below 1: ValueError.
+        link workers; None: the store's :data:`runahead.backend.READS_IN_FLIGHT` workers, and the
+        runtime's default, :attr:`runahead.runtime.Runtime.link_queue_depth`: twice that where groups
+        are computed inline): an NVMe drive may want more, a slow serial link fewer; below 1:
+        ValueError.
         ``inline_compute``: while the link has nothing to read, compute each decode group on the
         event loop's thread instead of handing it to the compute thread (two wake-ups saved, ~5% of
         a token with every expert resident on a 2-core CPU); the loop then waits for that group (a
@@ -149,9 +151,7 @@ class Engine:
         """
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
-        if reads_in_flight is None:
-            reads_in_flight = READS_IN_FLIGHT
-        if not isinstance(reads_in_flight, int) or reads_in_flight < 1:
+        if reads_in_flight is not None and (not isinstance(reads_in_flight, int) or reads_in_flight < 1):
             raise ValueError(f"reads_in_flight must be a whole number >= 1, got {reads_in_flight!r}")
         if backend not in ("torch", "mlx"):
             raise ValueError(f"Engine.open serves real models on the torch or mlx backend, not {backend!r}")
@@ -178,7 +178,7 @@ class Engine:
             batch_invariant=batch_invariant,
             dtype=dtype,
             link_bandwidth=link_bandwidth,
-            queue_depth=reads_in_flight,
+            queue_depth=READS_IN_FLIGHT if reads_in_flight is None else reads_in_flight,
             **torch_only,
         )
         config = real_backend.model.config

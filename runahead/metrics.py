@@ -90,9 +90,11 @@ class Recorder:
         """A read begun with :meth:`read_started` ended (:meth:`fetch` calls it for a landed one; the
         fetcher for one that failed): ``link_seconds`` grows by the time since the previous start or
         end while a read was in flight, so it is the union of the reads' intervals (reads in flight
-        together count once), kept up to date at every end."""
-        self.link_seconds += end - self._link_mark
-        self._link_mark = end
+        together count once), kept up to date at every end. An end before the last start or end
+        (a landing the loop took late, dated by its reader) adds nothing."""
+        if end > self._link_mark:
+            self.link_seconds += end - self._link_mark
+            self._link_mark = end
         self._in_flight -= 1
 
     def token(self, request: int, step: int, time: float) -> None:

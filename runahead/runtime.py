@@ -22,7 +22,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from runahead.actors import ComputeScheduler, ExpertFetcher, JobIssuer
-from runahead.backend import READS_IN_FLIGHT, Backend, CacheWatcher, SpeculativeGate, TokenScorer
+from runahead.backend import (
+    INLINE_READS_IN_FLIGHT,
+    READS_IN_FLIGHT,
+    Backend,
+    CacheWatcher,
+    InlineCompute,
+    SpeculativeGate,
+    TokenScorer,
+)
 from runahead.cache import ExpertCache
 from runahead.clock import Clock, VirtualTimeLoop
 from runahead.health import Health, RequestFailed
@@ -51,7 +59,10 @@ class RuntimeConfig:
     policy: PolicyConfig | str = "runahead"
     eviction: str = "lfu"
     step_barrier: bool = True
-    link_queue_depth: int = READS_IN_FLIGHT
+    link_queue_depth: int | None = None
+    """Link workers, the reads kept in flight at once; None: :data:`runahead.backend.READS_IN_FLIGHT`,
+    or :data:`~runahead.backend.INLINE_READS_IN_FLIGHT` where groups are computed inline
+    (``inline_compute`` on a backend that can: :attr:`Runtime.link_queue_depth` says which)."""
     max_active: int | None = None
     record_selections: bool = False
     keep_records: bool = True  # off for long-running servers: only running totals are kept
@@ -70,7 +81,7 @@ class RuntimeConfig:
         self.policy_config = parse_policy(self.policy) if isinstance(self.policy, str) else self.policy
         if self.cache_slots < 1:
             raise ValueError(f"cache_slots must be >= 1, got {self.cache_slots}")
-        if self.link_queue_depth < 1:
+        if self.link_queue_depth is not None and self.link_queue_depth < 1:
             raise ValueError(f"link_queue_depth must be >= 1, got {self.link_queue_depth}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
@@ -164,6 +175,14 @@ class Runtime:
         return self.health.report(self.clock.now())
 
     @property
+    def link_queue_depth(self) -> int:
+        """The reads the link keeps in flight: ``config.link_queue_depth``, or its default here."""
+        if self.config.link_queue_depth is not None:
+            return self.config.link_queue_depth
+        inline = self.config.inline_compute and isinstance(self.backend, InlineCompute)
+        return INLINE_READS_IN_FLIGHT if inline else READS_IN_FLIGHT
+
+    @property
     def max_active(self) -> int:
         """How many requests may run at once under the deadlock rule (and ``max_active``)."""
         limit = self.config.cache_slots // self.backend.experts_per_job
@@ -207,7 +226,7 @@ class Runtime:
             issuer=issuer,
             clock=self.clock,
             recorder=self.recorder,
-            queue_depth=self.config.link_queue_depth,
+            queue_depth=self.link_queue_depth,
             health=self.health,
             read_retries=self.config.read_retries,
             retry_pause_s=self.config.retry_pause_s,
@@ -225,7 +244,7 @@ class Runtime:
             prefill_chunk=self.config.prefill_chunk,
             health=self.health,
             max_compute_failures=self.config.max_compute_failures,
-            link_idle=expert_fetcher.idle if self.config.inline_compute else None,
+            link=expert_fetcher if self.config.inline_compute else None,
         )
         self._issuer_inbox = issuer
         self._inboxes = [issuer, fetcher, scheduler]

@@ -42,7 +42,7 @@ class TorchPoint:
     eviction: str = "lfu"
     warmup_steps: int = 8
     seed: int = 0
-    queue_depth: int = READS_IN_FLIGHT
+    queue_depth: int | None = None  # reads in flight; None: the store's and the runtime's defaults
     preload: bool = False  # read every expert that fits into the cache before the run
     dtype: str = "auto"  # compute and cache dtype: float32, bfloat16, float16 or auto (timed at start)
     backend: str = "torch"  # or "mlx" (the same measurement on MLX)
@@ -116,7 +116,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         cache_fraction=point.cache_fraction,
         device=point.device,
         store=point.store,
-        queue_depth=point.queue_depth,
+        queue_depth=READS_IN_FLIGHT if point.queue_depth is None else point.queue_depth,
         dtype=point.dtype,
         link_bandwidth=None if point.link_gbps is None else point.link_gbps * 1e9,
         **(torch_only if point.backend == "torch" else {}),
@@ -183,6 +183,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         "compute_nice": getattr(backend, "compute_nice", None),  # the compute thread's priority (Linux)
         "cache_slots": backend.num_slots,
         "max_active": runtime.max_active,
+        "reads_in_flight": runtime.link_queue_depth,  # the runtime's link workers (queue_depth: as given)
         **metrics.as_row(),
         "overhead_us_per_job": cpu / jobs * 1e6,  # includes torch compute on this CPU: not the runtime alone
         "loop_cpu_s": loop_cpu,
@@ -196,7 +197,7 @@ def run_torch_point(point: TorchPoint, timeline: Path | None = None) -> dict[str
         # adaptive grouping (runahead.mode): share of the run's tokens, warm-up included, made batching
         "batched_share": recorder.batched_tokens / max(1, recorder.token_count),
         "mode_switches": recorder.mode_switches,
-        # share of the run's groups, warm-up included, computed on the loop's thread (the link idle)
+        # share of the run's groups, warm-up included, computed on the loop's thread (every read started)
         "inline_share": recorder.inline_groups / max(1, recorder.groups),
         "wall_s": wall,
         "host_cpu": host_cpu(),

@@ -223,7 +223,8 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
     model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--reads-in-flight`` (``Engine.open(reads_in_flight=...)``): the store's read workers and the
-    runtime's link workers both take it (four by default); the tokens stay the same."""
+    runtime's link workers both take it (by default four store workers, and eight link workers where
+    groups are computed inline); the tokens stay the same."""
     from runahead.engine import Engine
 
     depths = record_opened_stores(monkeypatch, lambda executor: executor.queue_depth)
@@ -232,13 +233,13 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
 
     async def engine_recording(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
         engine = await engine_open(cls, *args, **kwargs)
-        links.append(engine.runtime.config.link_queue_depth)
+        links.append(engine.runtime.link_queue_depth)
         return engine
 
     monkeypatch.setattr(Engine, "open", classmethod(engine_recording))
     default, one = tokens_without_and_with(model, capsys, ["--reads-in-flight", "1"])
     assert one == default
-    assert depths == [4, 1] and links == [4, 1]
+    assert depths == [4, 1] and links == [8, 1]  # by default the link keeps 8 in flight: groups inline
     with pytest.raises(ValueError, match="reads_in_flight must be a whole number >= 1, got 0"):
         asyncio.run(Engine.open(str(model), reads_in_flight=0))
 

@@ -1,15 +1,18 @@
-"""Groups computed on the event loop's thread (``InlineCompute``) while the link has nothing to read.
+"""Groups computed on the event loop's thread (``InlineCompute``) once the link has started its reads.
 
-A real backend hands each group to its compute thread; while no read is in flight or waiting, the
-scheduler asks it to compute a decode group on the loop's thread instead. These tests run a tiny
-saved model through the runtime and watch every group: which path took it, what the link was doing
-then, which thread ran it, and that the tokens are the compute thread's (and transformers').
+A real backend hands each group to its compute thread; once every read the link can start has
+started (reads may still be in flight: they land on the store's threads), the scheduler asks it to
+compute a decode group on the loop's thread instead. These tests run a tiny saved model through the
+runtime and watch every group: which path took it, what the link was doing then, which thread ran
+it, and that the tokens are the compute thread's (and transformers'); and that a read landing
+during such a group is recorded when its reader saw it land, not when the loop took it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from runahead.actors.fetcher import ExpertFetcher
 from runahead.backend import InlineCompute
 from runahead.backends.torch import TorchBackend
 from runahead.jobs import ExpertKey, Group, JobResult, RequestSpec
+from runahead.metrics import Recorder
 from runahead.runtime import Runtime, RuntimeConfig
 from runahead.sampling import SamplingParams
 
@@ -37,34 +41,37 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[int
 
 class Watch:
     """Every group the backend computed: the path (inline or the thread), the thread that ran it,
-    whether it held a prompt chunk, and whether a read was in flight when it was handed over."""
+    whether it held a prompt chunk, whether the link had a read still to start when it was handed
+    over, and whether a read was in flight then."""
 
     def __init__(self, backend: TorchBackend, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.groups: list[tuple[str, bool, bool, bool]] = []
+        self.groups: list[tuple[str, bool, bool, bool, bool]] = []
         self.runtime: Runtime | None = None
-        self.idle: list[bool] = []  # what the link said each time the scheduler asked
+        self.settled: list[bool] = []  # what the link said each time the scheduler asked
         loop_thread = threading.get_ident()
         inline, threaded = backend.compute_inline, backend.compute
-        asked = ExpertFetcher.idle
+        asked = ExpertFetcher.settled
 
-        def idle(fetcher: ExpertFetcher) -> bool:
-            self.idle.append(asked(fetcher))
-            return self.idle[-1]
+        def settled(fetcher: ExpertFetcher) -> bool:
+            self.settled.append(asked(fetcher))
+            return self.settled[-1]
 
-        monkeypatch.setattr(ExpertFetcher, "idle", idle)
+        monkeypatch.setattr(ExpertFetcher, "settled", settled)
 
-        def reading() -> bool:  # a read in flight, or the link said it had work when last asked
+        def to_start() -> bool:  # the link said it had a read to start when last asked
+            return bool(self.settled) and not self.settled[-1]
+
+        def in_flight() -> bool:
             assert self.runtime is not None
-            return bool(self.runtime.cache.pending_ids) or not self.idle[-1]
+            return bool(self.runtime.cache.pending_ids)
 
         def compute_inline(group: Group) -> list[JobResult]:
-            self.groups.append(
-                ("inline", threading.get_ident() == loop_thread, _has_prompt(group), reading())
-            )
+            on_loop = threading.get_ident() == loop_thread
+            self.groups.append(("inline", on_loop, _has_prompt(group), to_start(), in_flight()))
             return inline(group)
 
         async def compute(group: Group) -> Sequence[JobResult]:
-            self.groups.append(("thread", False, _has_prompt(group), bool(self.idle) and reading()))
+            self.groups.append(("thread", False, _has_prompt(group), to_start(), in_flight()))
             return await threaded(group)
 
         backend.compute_inline = compute_inline  # type: ignore[method-assign]
@@ -115,7 +122,7 @@ def test_the_torch_backend_computes_inline_and_mlx_does_not() -> None:
 
 
 @pytest.mark.parametrize("policy", ["runahead", "sync", "runahead/grouping=opportunistic"])
-def test_a_group_is_computed_on_the_loop_only_while_the_link_has_nothing_to_read(
+def test_a_group_is_computed_on_the_loop_only_once_the_link_has_started_its_reads(
     model: tuple[Path, list[list[int]]], policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, expected = model
@@ -124,12 +131,37 @@ def test_a_group_is_computed_on_the_loop_only_while_the_link_has_nothing_to_read
     )  # 6 of 24 experts: reads all along
     assert tokens == dict(enumerate(expected))
     assert watch.count("inline") > 0 and watch.count("thread") > 0  # both paths taken
-    for where, on_loop, prompt, reading in watch.groups:
-        if where == "inline":  # on the loop's thread, a decode group, nothing to read
-            assert on_loop and not prompt and not reading
-        else:  # the thread took it only for a prompt chunk or a link with work
-            assert prompt or reading
+    for where, on_loop, prompt, to_start, _ in watch.groups:
+        if where == "inline":  # on the loop's thread, a decode group, every read started
+            assert on_loop and not prompt and not to_start
+        else:  # the thread took it only for a prompt chunk or a link with a read to start
+            assert prompt or to_start
     assert runtime.recorder.inline_groups == watch.count("inline")
+
+
+def test_reads_landing_during_an_inline_group_end_when_they_landed(
+    model: tuple[Path, list[list[int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read in flight while the loop computes a group lands on the store's thread; the loop takes
+    it after the group, but the read's record (and the link's busy time) ends when it landed."""
+    taken: list[tuple[float, float]] = []  # (the record's end, when the loop recorded it)
+    record = Recorder.fetch
+
+    def fetch(recorder: Recorder, start: float, end: float, key: ExpertKey, prefetch: bool) -> None:
+        taken.append((end, time.monotonic()))
+        record(recorder, start, end, key, prefetch)
+
+    monkeypatch.setattr(Recorder, "fetch", fetch)
+    path, expected = model
+    tokens, watch, runtime = _run(path, monkeypatch, slots=6)
+    assert tokens == dict(enumerate(expected))
+    assert any(where == "inline" and in_flight for where, *_, in_flight in watch.groups)
+    assert all(f.start <= f.end for f in runtime.recorder.fetches)
+    assert all(end <= at for end, at in taken)
+    # a read that landed during an inline group was taken after the group: its end is its landing
+    inline_spans = [(c.start, c.end) for c in runtime.recorder.computes]
+    late = [(end, at) for end, at in taken if any(s < end < e < at for s, e in inline_spans)]
+    assert late
 
 
 def test_every_decode_group_of_a_resident_model_is_computed_on_the_loop(
@@ -140,8 +172,8 @@ def test_every_decode_group_of_a_resident_model_is_computed_on_the_loop(
     assert tokens == dict(enumerate(expected))
     assert runtime.cache.stats.misses == 0  # the preload read every expert: none was missing in the run
     assert watch.count("inline") > 0
-    assert all(prompt for where, _, prompt, _ in watch.groups if where == "thread")  # prompts only
-    assert all(not prompt for where, _, prompt, _ in watch.groups if where == "inline")
+    assert all(prompt for where, _, prompt, *_ in watch.groups if where == "thread")  # prompts only
+    assert all(not prompt for where, _, prompt, *_ in watch.groups if where == "inline")
 
 
 def test_inline_compute_off_keeps_every_group_on_the_compute_thread(

@@ -99,8 +99,10 @@ def test_a_read_on_an_idle_link_never_lands_before_its_link_time(
             pool = SlotPool(1, layout.slot_numel)
             for i in range(30):
                 start = time.monotonic()
-                await store.read_into(*key, pool.slot(0))
+                landed = await store.read_into(*key, pool.slot(0))
                 took.append(time.monotonic() - start)
+                # dated by its reader, on the runtime's clock: after its link time, before the loop took it
+                assert start + link_time - 1e-6 <= landed <= start + took[-1]
                 spin = time.perf_counter()  # start the next read at another point of the millisecond
                 while time.perf_counter() - spin < 0.0001 * (i % 9):
                     pass

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from runahead.store.base import _Landings, _ReadPool
+from runahead.store.link import link_clock
 
 
 def test_each_read_gets_its_own_result_or_error() -> None:
@@ -19,20 +20,21 @@ def test_each_read_gets_its_own_result_or_error() -> None:
         if i % 3 == 0:
             raise OSError(f"read {i} failed")
 
-    async def main() -> list[BaseException | None]:
+    async def main() -> tuple[float, list[BaseException | float], float]:
+        before = link_clock()
         futures = [pool.submit(read, (i,)) for i in range(7)]
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        return list(outcomes)
+        return before, list(outcomes), link_clock()
 
     try:
-        outcomes = asyncio.run(main())
+        before, outcomes, after = asyncio.run(main())
     finally:
         pool.shutdown()
     for i, outcome in enumerate(outcomes):
         if i % 3 == 0:
             assert isinstance(outcome, OSError) and str(outcome) == f"read {i} failed"
-        else:
-            assert outcome is None
+        else:  # when it landed, on the link's clock, as the reader thread saw it
+            assert isinstance(outcome, float) and before <= outcome <= after
 
 
 def test_reads_that_land_while_the_loop_is_busy_wake_it_once(monkeypatch: pytest.MonkeyPatch) -> None:

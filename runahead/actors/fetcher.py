@@ -69,11 +69,22 @@ class ExpertFetcher:
         self._waking = False  # a parked worker was woken and has not run yet
         self._closing = False
 
-    def idle(self) -> bool:
-        """Whether the link has nothing to read: no read in flight, no blocked job or prefetch hint
-        queued, no message waiting in the inbox. Until a group's results reveal more, none can
-        start (what :class:`runahead.backend.InlineCompute` is used on)."""
-        return not (self.cache.pending_ids or self.demand or self.hints) and self.inbox.empty()
+    def settled(self) -> bool:
+        """Whether every read the link can start has started: no blocked job with a read still to
+        start, no prefetch hint, no message waiting in the inbox. Until a group's results reveal
+        more, no read can start, and the reads in flight land on the store's threads, which date
+        them (``Backend.fetch``): the event loop may compute a group itself meanwhile
+        (:class:`runahead.backend.InlineCompute`)."""
+        return not (self.demand or self.hints) and self.inbox.empty()
+
+    def reading(self) -> bool:
+        """Whether a read is in flight."""
+        return bool(self.cache.pending_ids)
+
+    def starting(self) -> bool:
+        """Whether a read is about to start: a message waits in the inbox, or a worker woken to
+        start one has not run yet (each worker that starts a read wakes the next)."""
+        return self._waking or not self.inbox.empty()
 
     async def run(self) -> None:
         """Serve until the inbox yields ``None``; in-flight reads finish first."""
@@ -150,8 +161,9 @@ class ExpertFetcher:
             start = now()
             recorder.read_started(start)
             try:
-                await fetch(key, slot)
+                landed = await fetch(key, slot)
             except (OSError, ValueError) as first_error:
+                landed = None
                 error = await self._retry(key, slot, first_error)
                 if error is not None:
                     recorder.read_ended(now())
@@ -164,7 +176,10 @@ class ExpertFetcher:
                     health.read_succeeded(key)
             cache.complete_id(expert)
             demand.landed(expert)
-            recorder.fetch(start, now(), key, prefetch)
+            end = now()
+            if landed is not None and start <= landed < end:
+                end = landed  # the loop took the landing late: the link carried it by then
+            recorder.fetch(start, end, key, prefetch)
             issuer.put_nowait(FetchDone(expert))
 
     async def _retry(self, key: ExpertKey, slot: int, error: Exception) -> str | None:

@@ -197,14 +197,16 @@ class TorchBackend(RequestLifecycle[_RequestState]):
 
     # -- the link ----------------------------------------------------------------------------------
 
-    async def fetch(self, key: ExpertKey, slot: int) -> None:
+    async def fetch(self, key: ExpertKey, slot: int) -> float | None:
         self._owners.claim(key, slot)
         after = self._fences.pop(slot, None)  # kernels still reading the slot's previous expert
+        landed: float | None
         if after is None:
-            await self.store.read_into(key.layer, key.expert, self.slots.slot(slot))
+            landed = await self.store.read_into(key.layer, key.expert, self.slots.slot(slot))
         else:
-            await self.store.read_into(key.layer, key.expert, self.slots.slot(slot), after=after)
+            landed = await self.store.read_into(key.layer, key.expert, self.slots.slot(slot), after=after)
         self._owners.filled(key, slot)
+        return landed
 
     # -- compute -----------------------------------------------------------------------------------
 

@@ -124,12 +124,15 @@ class ExpertStore(Protocol):
     reads: int
     """Completed ``read_into`` calls."""
 
-    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> None:
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> float | None:
         """Fill ``slot`` (``slot_numel`` elements) with expert ``(layer, expert)`` in the slot format.
 
-        Called by the backend's ``fetch``; returns when the bytes are in the slot. Never blocks the
-        event loop. ``after``: a CUDA event the copy into a device slot must wait for (recorded after
-        the last kernels that read the slot's previous expert); the copy stream waits, not the host.
+        Called by the backend's ``fetch``; returns when the bytes are in the slot, with the time they
+        were (on ``time.monotonic``, as the reading thread saw it; None where the store cannot
+        tell): the event loop may take a landing late, after a group it computed itself, and the
+        runtime records the link's busy time from this. Never blocks the event loop. ``after``: a
+        CUDA event the copy into a device slot must wait for (recorded after the last kernels that
+        read the slot's previous expert); the copy stream waits, not the host.
         """
         ...
 
@@ -284,12 +287,13 @@ class _Landings:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._landed: deque[tuple[asyncio.Future[None], BaseException | None]] = deque()
+        self._landed: deque[tuple[asyncio.Future[float], BaseException | None, float]] = deque()
         self._queued = False  # a wake-up is queued on the loop and has not run yet
 
-    def add(self, future: asyncio.Future[None], error: BaseException | None) -> None:
-        """From a worker thread: ``future``'s read is done (or failed with ``error``)."""
-        self._landed.append((future, error))
+    def add(self, future: asyncio.Future[float], error: BaseException | None, landed: float) -> None:
+        """From a worker thread: ``future``'s read is done (or failed with ``error``) at ``landed``
+        (seconds on :func:`link_clock`)."""
+        self._landed.append((future, error, landed))
         if self._queued:
             return  # appended before the queued wake-up clears the flag: it delivers this one too
         self._queued = True
@@ -303,17 +307,18 @@ class _Landings:
             settle(*landed.popleft())
 
 
-def settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    """A read's outcome into its future (done, or failed with ``error``), unless it was cancelled."""
+def settle(future: asyncio.Future[float], error: BaseException | None, landed: float) -> None:
+    """A read's outcome into its future, unless it was cancelled: done, its result the time the
+    read landed (seconds on :func:`link_clock`), or failed with ``error``."""
     if future.cancelled():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(landed)
     else:
         future.set_exception(error)
 
 
-_Work = tuple[_Landings, "asyncio.Future[None]", Callable[..., None], tuple[Any, ...], "float | None"]
+_Work = tuple[_Landings, "asyncio.Future[float]", Callable[..., None], tuple[Any, ...], "float | None"]
 """A queued read: where it lands, its future, the blocking call with its arguments, and when on
 :func:`link_clock` it may land at the earliest (None: as soon as the call returns)."""
 
@@ -335,15 +340,15 @@ class _ReadPool:
 
     def submit(
         self, fn: Callable[..., None], args: tuple[Any, ...], until: float | None = None
-    ) -> asyncio.Future[None]:
+    ) -> asyncio.Future[float]:
         """Queue ``fn(*args)``; a future of the running loop, done when it has run and, where ``until``
-        is given, :func:`link_clock` has reached it (a failed call lands at once). RuntimeError once
-        the pool is shut down."""
+        is given, :func:`link_clock` has reached it (a failed call lands at once), its result that
+        moment on :func:`link_clock`. RuntimeError once the pool is shut down."""
         loop = asyncio.get_running_loop()
         landings = self._landings
         if landings is None or landings.loop is not loop:
             landings = self._landings = _Landings(loop)
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[float] = loop.create_future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the read pool is shut down")
@@ -362,7 +367,7 @@ class _ReadPool:
             else:
                 if until is not None and (left := until - link_clock()) > 0:
                     time.sleep(left)  # the bytes are in; the link is still carrying them
-            landings.add(future, error)
+            landings.add(future, error, link_clock())
             del item, future, error  # hold no reference while idle
 
     def shutdown(self) -> None:
@@ -392,32 +397,34 @@ class _Executor:
         self.pool: _ReadPool | None = _ReadPool(queue_depth, name)
         self.closing = False
 
-    async def run(self, fn: Callable[..., None], *args: Any, carries: int = 0) -> None:
-        """Run ``fn(*args)`` on the pool. If the caller is cancelled, wait for the read to land
-        before re-raising, so the slot is no longer being written when the cancellation lands.
-        With a link cap, return no earlier than the ``carries`` bytes could cross the link: the
-        reader thread holds the read back until then (see :func:`link_clock`)."""
+    async def run(self, fn: Callable[..., None], *args: Any, carries: int = 0) -> float:
+        """Run ``fn(*args)`` on the pool; return when it landed, on ``time.monotonic`` (the read's
+        thread notes it: the event loop may take the landing much later, after a group it computed
+        itself). If the caller is cancelled, wait for the read to land before re-raising, so the
+        slot is no longer being written when the cancellation lands. With a link cap, return no
+        earlier than the ``carries`` bytes could cross the link: the reader thread holds the read
+        back until then (see :func:`link_clock`)."""
         pool = self.pool
         if pool is None or self.closing:
             raise StoreClosed("expert store is closed")
-        await self._land(lambda until: pool.submit(fn, args, until), carries)
+        return await self._land(lambda until: pool.submit(fn, args, until), carries)
 
-    async def run_native(self, reads: NativeReads, plan: Plan, slot: int, carries: int = 0) -> None:
+    async def run_native(self, reads: NativeReads, plan: Plan, slot: int, carries: int = 0) -> float:
         """:meth:`run` for a read on C threads: ``plan`` into the slot at address ``slot``."""
         if self.closing:
             raise StoreClosed("expert store is closed")
-        await self._land(
+        return await self._land(
             lambda until: reads.submit(plan, slot, 0 if until is None else round(until * 1e9)), carries
         )
 
-    async def _land(self, submit: Callable[[float | None], asyncio.Future[None]], carries: int) -> None:
+    async def _land(self, submit: Callable[[float | None], asyncio.Future[float]], carries: int) -> float:
         until = None if self.link is None else self.link.reserve(carries, link_clock())
         try:
             fut = submit(until)
         except RuntimeError:  # shut down between the check and the submit, from another thread
             raise StoreClosed("expert store is closed") from None
         try:
-            await asyncio.shield(fut)
+            landed = await asyncio.shield(fut)
         except asyncio.CancelledError:
             while not fut.done():
                 try:
@@ -427,12 +434,19 @@ class _Executor:
                 except Exception:
                     break
             raise
+        return landed_on_monotonic(landed)
 
     def shutdown(self) -> None:
         self.closing = True  # refuse new reads at once; the ones in flight finish
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+
+
+def landed_on_monotonic(landed: float) -> float:
+    """A landing time read on :func:`link_clock` as the runtime's clock (``time.monotonic``) reads
+    it: now on the one less how long ago on the other, so the two clocks need not share an origin."""
+    return time.monotonic() - max(0.0, link_clock() - landed)
 
 
 def _link_note(executor: _Executor) -> str:

@@ -103,7 +103,7 @@ class DiskStore:
         reads run at memory speed, so they say nothing about a disk."""
         return self._memory_backed
 
-    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> None:
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> float:
         """Read expert ``(layer, expert)`` from disk into ``slot``; see :meth:`ExpertStore.read_into`."""
         key = (layer, expert)
         if key not in self._plans:
@@ -114,11 +114,12 @@ class DiskStore:
             plan = self._native_plan(key, flat.dtype)
         carries = self._payload[key]
         if native is None or plan is None:
-            await self._executor.run(self._read_blocking, key, flat, after, carries=carries)
+            landed = await self._executor.run(self._read_blocking, key, flat, after, carries=carries)
         else:
-            await read(self._executor, native, self._files, plan, flat.data_ptr(), carries)
+            landed = await read(self._executor, native, self._files, plan, flat.data_ptr(), carries)
         self.bytes_read += self._payload[key]
         self.reads += 1
+        return landed
 
     def _native_plan(self, key: tuple[int, int], dtype: torch.dtype) -> Plan | None:
         """The C threads' plan for ``key`` into a slot of ``dtype`` (None: a conversion they do not

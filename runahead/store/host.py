@@ -90,7 +90,7 @@ class HostStore:
         """The expert's slot image in host memory (a view; e.g. for CPU-assisted compute)."""
         return self.image[self._index[(layer, expert)]]
 
-    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> None:
+    async def read_into(self, layer: int, expert: int, slot: torch.Tensor, after: Any = None) -> float:
         """Copy expert ``(layer, expert)`` from host memory into ``slot`` (see ``ExpertStore.read_into``)."""
         key = (layer, expert)
         if key not in self._index:
@@ -99,13 +99,14 @@ class HostStore:
         i = self._index[key]
         native = self._native
         if native is not None and flat.device.type == "cpu" and flat.dtype == self.dtype:
-            await self._executor.run_native(
+            landed = await self._executor.run_native(
                 native, self._native_plans[i], flat.data_ptr(), carries=self._slot_bytes
             )
         else:
-            await self._executor.run(self._copy_blocking, i, flat, after, carries=self._slot_bytes)
+            landed = await self._executor.run(self._copy_blocking, i, flat, after, carries=self._slot_bytes)
         self.bytes_read += self._slot_bytes
         self.reads += 1
+        return landed
 
     def _copy_blocking(self, i: int, slot: torch.Tensor, after: Any) -> None:
         src = self.image[i]

@@ -148,10 +148,10 @@ class NativeReads:
             os.close(self._wake_write)
             raise OSError("the native reader threads could not start")
         self._handle = handle
-        self._waiting: dict[int, tuple[asyncio.Future[None], Plan]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future[float], Plan]] = {}
         self._ids = itertools.count()  # next() is atomic: loops on two threads never share an id
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._out = (ctypes.c_int64 * (3 * DRAIN))()
+        self._out = (ctypes.c_int64 * (4 * DRAIN))()
         self._closed = False
         self._calls = threading.Lock()  # a submit's C call (the GIL let go) against the pool's free
         self._draining = threading.Lock()  # ``_out`` is filled and read by one drain at a time
@@ -167,7 +167,7 @@ class NativeReads:
         """Point ``path``'s reads at ``fd`` (a buffered reopen after O_DIRECT was refused)."""
         self._lib.runahead_reads_set_file(self._handle, self.files[path], fd, int(direct))
 
-    def submit(self, plan: Plan, slot: int, until_ns: int = 0) -> asyncio.Future[None]:
+    def submit(self, plan: Plan, slot: int, until_ns: int = 0) -> asyncio.Future[float]:
         """Queue ``plan`` into the slot at address ``slot``; a future of the running loop, done when
         the bytes are in the slot and ``CLOCK_MONOTONIC`` has reached ``until_ns`` (0: no wait; a
         failed read lands at once). RuntimeError once the pool is closed."""
@@ -176,7 +176,7 @@ class NativeReads:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._watch(loop)
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[float] = loop.create_future()
         job = next(self._ids)
         self._waiting[job] = (future, plan)  # before the C call: a loop on another thread may drain it
         with self._calls:  # another thread's close may not free the pool under this call
@@ -210,13 +210,16 @@ class NativeReads:
         out = self._out
         with self._draining:  # one buffer: two loops draining at once would read each other's entries
             while n := self._lib.runahead_reads_drain(self._handle, out, DRAIN):
-                for i in range(0, 3 * n, 3):
-                    self._settle(out[i], out[i + 1], out[i + 2], here)
+                for i in range(0, 4 * n, 4):
+                    self._settle(out[i], out[i + 1], out[i + 2], out[i + 3], here)
                 if n < DRAIN:
                     break
 
-    def _settle(self, job: int, status: int, detail: int, here: asyncio.AbstractEventLoop | None) -> None:
-        """Settle ``job``'s future from the loop ``here`` (None: no loop runs on this thread).
+    def _settle(
+        self, job: int, status: int, detail: int, landed_ns: int, here: asyncio.AbstractEventLoop | None
+    ) -> None:
+        """Settle ``job``'s future from the loop ``here`` (None: no loop runs on this thread), with
+        the time it landed (``landed_ns`` on ``CLOCK_MONOTONIC``, as :func:`link_clock` reads it).
 
         NOTE (which thread may settle): two loops on two threads may both watch the pipe (one that
         submitted before the other took over still runs), so either may drain the other's reads. A
@@ -230,9 +233,9 @@ class NativeReads:
         if loop.is_closed():
             return  # nobody can await it any more
         if loop is here or (here is None and not loop.is_running()):
-            settle(future, error)
+            settle(future, error, landed_ns / 1e9)
         else:  # its loop runs on another thread
-            loop.call_soon_threadsafe(settle, future, error)
+            loop.call_soon_threadsafe(settle, future, error, landed_ns / 1e9)
 
     @staticmethod
     def _error(plan: Plan, status: int, detail: int) -> BaseException:
@@ -296,17 +299,18 @@ def _runs(loop: asyncio.AbstractEventLoop) -> bool:
 
 async def read(
     executor: _Executor, reads: NativeReads, files: _FileReader, plan: Plan, address: int, carries: int
-) -> None:
+) -> float:
     """``plan`` into the memory at ``address`` on ``reads``' threads, through ``executor`` (its link
     cap, its wait for a cancelled read); a file whose O_DIRECT reads the filesystem refuses is
-    reopened buffered (once, in ``files``) and the read made again."""
+    reopened buffered (once, in ``files``) and the read made again. Returns when it landed
+    (:meth:`_Executor.run`)."""
     try:
-        await executor.run_native(reads, plan, address, carries=carries)
+        return await executor.run_native(reads, plan, address, carries=carries)
     except DirectRefused as refused:  # the filesystem took O_DIRECT at open, not at the read
         if refused.path in files.direct_paths:  # else a read beside this one reopened it
             reads.set_file(refused.path, files.reopen_buffered(refused.path), direct=False)
         try:
-            await executor.run_native(reads, plan, address, carries=carries)
+            return await executor.run_native(reads, plan, address, carries=carries)
         except DirectRefused:  # refused buffered too: not O_DIRECT's doing
             raise StoreError(f"{refused.path}: read failed: [Errno 22] Invalid argument") from None
 

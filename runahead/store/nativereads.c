@@ -18,8 +18,10 @@
    the link would have carried it, to the tens of microseconds the kernel wakes a thread in, where
    the event loop's timers count whole milliseconds.
 
-   Completions are (id, status, detail): status 0, or an errno of a read, or STATUS_SHORT where the
-   file ended before the run did; detail: the failed run's index in the plan.
+   Completions are (id, status, detail, landed): status 0, or an errno of a read, or STATUS_SHORT
+   where the file ended before the run did; detail: the failed run's index in the plan; landed: when
+   the job ended (CLOCK_MONOTONIC nanoseconds, after any wait for its time), so the loop, which may
+   drain it much later (busy computing a group), knows when the link carried it.
 
    Threads never allocate: runahead_reads_submit grows the queue and the completion list (under the
    lock) so both hold every job submitted and not yet drained. */
@@ -50,7 +52,7 @@ typedef struct {
 } job_t;
 
 typedef struct {
-    int64_t id, status, detail;
+    int64_t id, status, detail, landed_ns;
 } done_t;
 
 typedef struct {
@@ -211,8 +213,11 @@ static void *serve(void *arg) {
         int64_t detail = 0, status = buffer ? run_job(pool, buffer, &job, &detail) : ENOMEM;
         if (status == 0 && job.until_ns > 0) sleep_until(job.until_ns); /* a failed read lands at once */
 
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t landed_ns = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
         pthread_mutex_lock(&pool->lock);
-        pool->done[pool->finished++] = (done_t){job.id, status, detail};
+        pool->done[pool->finished++] = (done_t){job.id, status, detail, landed_ns};
         int wake = !pool->signalled;
         pool->signalled = 1;
         pthread_mutex_unlock(&pool->lock);
@@ -305,7 +310,7 @@ int runahead_reads_submit(void *handle, int64_t id, const int64_t *plan, char *s
     return 0;
 }
 
-/* Move up to `most` completions into `out` (id, status, detail triples); returns how many. */
+/* Move up to `most` completions into `out` (id, status, detail, landed_ns quadruples); returns how many. */
 int64_t runahead_reads_drain(void *handle, int64_t *out, int64_t most) {
     pool_t *pool = handle;
     pthread_mutex_lock(&pool->lock);
