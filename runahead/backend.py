@@ -24,15 +24,17 @@ round (at 2, behind in three of four: its reads come one layer's job at a time, 
 flight leaves the disk's latency bare), sync alike; the medium model (3 MB experts) sync 4.9-5.1
 against 4.3-4.6, runahead 5.9-6.4 against 5.7-5.9 (docs/results-torch.md)."""
 
-INLINE_READS_IN_FLIGHT = 2 * READS_IN_FLIGHT
+INLINE_READS_IN_FLIGHT = 4 * READS_IN_FLIGHT
 """The runtime's link workers by default where it computes groups on the event loop's thread
 (:class:`InlineCompute`): a group is computed there only once every revealed read has started
-(``ExpertFetcher.settled``), so the reads in flight are all the link has while the loop computes.
-Eight reads of the medium model behind its 3 GB/s cap are ~8 ms of link, more than a group; at four
-the loop seldom found every read started and the link ran dry under the groups it did compute, so
-the rule ran 0.9x slower than handing every group over (docs/results-torch.md, "Groups on the
-loop's thread while reads are in flight"). The store keeps :data:`READS_IN_FLIGHT` reader threads:
-a read queued behind them waits its turn on the serial link anyway."""
+(``ExpertFetcher.settled``), so the link needs room for every read a group reveals, and the reads
+in flight are all it has while the loop computes. Measured on the medium model behind a 3 GB/s
+cap, 70% cache (docs/results-torch.md, "Groups on the loop's thread while reads are in flight"):
+with four, 4 requests ran 0.9x as fast as handing every group over (few groups found every read
+started, and those left the link short); with eight, 4 requests gained 6% but 8 requests found
+reads to start for half their groups and lost 5%; with sixteen, 90-96% of the groups ran on the
+loop at both and 8 requests gained 4%. The store keeps :data:`READS_IN_FLIGHT` reader threads: a
+read queued behind them waits its turn on the serial link anyway."""
 
 if TYPE_CHECKING:
     from runahead.cache import ExpertCache

@@ -223,8 +223,8 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
     model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--reads-in-flight`` (``Engine.open(reads_in_flight=...)``): the store's read workers and the
-    runtime's link workers both take it (by default four store workers, and eight link workers where
-    groups are computed inline); the tokens stay the same."""
+    runtime's link workers both take it (by default four store workers, and sixteen link workers
+    where groups are computed inline); the tokens stay the same."""
     from runahead.engine import Engine
 
     depths = record_opened_stores(monkeypatch, lambda executor: executor.queue_depth)
@@ -239,7 +239,7 @@ def test_reads_in_flight_reach_the_store_and_the_link_and_change_no_token(
     monkeypatch.setattr(Engine, "open", classmethod(engine_recording))
     default, one = tokens_without_and_with(model, capsys, ["--reads-in-flight", "1"])
     assert one == default
-    assert depths == [4, 1] and links == [8, 1]  # by default the link keeps 8 in flight: groups inline
+    assert depths == [4, 1] and links == [16, 1]  # by default the link keeps 16 in flight: groups inline
     with pytest.raises(ValueError, match="reads_in_flight must be a whole number >= 1, got 0"):
         asyncio.run(Engine.open(str(model), reads_in_flight=0))
 
