@@ -149,7 +149,14 @@ BF16_ROWS_WIN = 0.95
 float32 rows' time: float32 decodes token for token as transformers' float32 does, so a gain within the
 timing's noise is not worth giving that up."""
 
-_EXPERT_GROUPS = ((1, 8), (4, 8))  # (rows per expert, experts): a decode group of 8 jobs, of 32
+_EXPERT_GROUPS = ((1, 8), (2, 8))
+"""(rows per expert, experts) of the groups :func:`faster_expert_rows` times: decode's. One request's
+token gives each of its experts one row, and a decode group of a few requests (runahead's 1-3 jobs,
+sync's 8 over the medium model's 64 experts) one or two. NOTE: until 2026-12-05 the second group had
+four rows per expert, where bf16 dot products win on any CPU that has them (0.72-0.77x float32's time
+on a Zen 4); at one or two rows a Zen 4 core's bf16 dot products take 1.23-1.32x float32 rows' time,
+so the race chose bfloat16 there (0.94-1.02x) while whole runs decoded 5-35% slower in it
+(docs/results-torch.md, "The dtype race at decode's rows")."""
 _EXPERT_COLD_BYTES = 128 << 20  # a model's experts are read from memory, never from a cache
 _MOST_EXPERTS = 256  # small experts: enough calls to time, not seconds of them (64 x 32 took 1.3 s)
 
@@ -169,8 +176,10 @@ def faster_expert_rows(hidden: int, inter: int) -> torch.dtype:
     (one thread or many: torch's count, as the compute runs it, since
     :meth:`~runahead.backends.torch.TorchBackend.open` sets it first). On an Intel Xeon with AMX and
     AVX-512 BF16 (2026-12-05) bfloat16 rows took 0.78-0.91x the time at 1024 x 512 (0.86-0.90x at
-    2048 x 768, timed one after the other) and the medium model decoded 1.08x (one request) and 1.19x
-    (eight) faster; docs/results-torch.md, "A bfloat16 checkpoint on an AMX Xeon".
+    2048 x 768, timed one after the other; then with four rows per expert in the second group) and the
+    medium model decoded 1.08x (one request) and 1.19x (eight) faster; docs/results-torch.md, "A
+    bfloat16 checkpoint on an AMX Xeon". On a Zen 4 EPYC with AVX-512 BF16 they take 1.23-1.32x at
+    decode's rows (:data:`_EXPERT_GROUPS`), and float32 it is ("The dtype race at decode's rows").
     """
     from runahead.models import qkernel
 
