@@ -140,9 +140,9 @@ class Engine:
         a count given with ``backend="mlx"`` is a ValueError.
         ``reads_in_flight``: expert reads kept in flight at once (the store's workers and the runtime's
         link workers; None: the store's :data:`runahead.backend.READS_IN_FLIGHT` workers, and the
-        runtime's default, :attr:`runahead.runtime.Runtime.link_queue_depth`: twice that where groups
-        are computed inline): an NVMe drive may want more, a slow serial link fewer; below 1:
-        ValueError.
+        runtime's default, :attr:`runahead.runtime.Runtime.link_queue_depth`: four times that,
+        :data:`runahead.backend.INLINE_READS_IN_FLIGHT`, where groups are computed inline): an NVMe
+        drive may want more, a slow serial link fewer; below 1: ValueError.
         ``inline_compute``: while the link has nothing to read, compute each decode group on the
         event loop's thread instead of handing it to the compute thread (two wake-ups saved, ~5% of
         a token with every expert resident on a 2-core CPU); the loop then waits for that group (a
