@@ -61,3 +61,17 @@ def test_a_folder_without_the_package_is_refused(tmp_path: Path) -> None:
     command += ["--backend", "sim"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "holds no runahead package" in done.stderr
+
+
+def test_the_summary_names_a_point_whose_rounds_computed_in_different_dtypes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dtype auto`` races in each process: the kept rows of the dtype race's A/B drew bfloat16 in
+    one "before" round of the 70% points and float32 everywhere else, which the table alone hides."""
+    script = load_bench_script("ab_summary")
+    kept = BENCH / "results" / "dtype-race"
+    monkeypatch.setattr(sys, "argv", ["summary", str(kept), "--variant", "before=old", "--variant", "after=new"])
+    script.main()
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 3  # the 70% points at 2, 4 and 8 requests; the resident point drew float32 alone
+    assert all(note.startswith("note: zen4-70, ") and "before-2 bfloat16" in note for note in notes)
