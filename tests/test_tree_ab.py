@@ -70,7 +70,8 @@ def test_the_summary_names_a_point_whose_rounds_computed_in_different_dtypes(
     one "before" round of the 70% points and float32 everywhere else, which the table alone hides."""
     script = load_bench_script("ab_summary")
     kept = BENCH / "results" / "dtype-race"
-    monkeypatch.setattr(sys, "argv", ["summary", str(kept), "--variant", "before=old", "--variant", "after=new"])
+    argv = ["summary", str(kept), "--variant", "before=old", "--variant", "after=new"]
+    monkeypatch.setattr(sys, "argv", argv)
     script.main()
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
     assert len(notes) == 3  # the 70% points at 2, 4 and 8 requests; the resident point drew float32 alone
