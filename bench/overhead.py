@@ -88,6 +88,11 @@ CHECKS: list[dict[str, Any]] = [
         "concurrency": 16,
         "cache_fraction": 0.1,
     },
+    *(  # every expert resident: the cache stops counting pins (ExpertCache's ``experts``)
+        {"model": "qwen3.6-35b-a3b", "profile": "thor", "policy": p, "concurrency": 8}
+        | {"cache_fraction": 1.0, "preload": True}
+        for p in ("sync", "runahead", "runahead+prefetch")
+    ),
 ]
 """Runs whose decisions ``--check`` compares (16 steps each, 4 warm-up steps)."""
 

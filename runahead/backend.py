@@ -133,6 +133,15 @@ class InlineCompute(Protocol):
     def compute_inline(self, group: Group) -> Sequence[JobResult]: ...
 
 
+@runtime_checkable
+class ExpertCount(Protocol):
+    """A backend that says how many routed experts each of its ``num_layers`` layers has (all three
+    built-in ones do): with it the runtime's cache knows when every expert of the model is resident,
+    and stops counting pins from then on (:class:`runahead.cache.ExpertCache`, ``experts``)."""
+
+    num_experts: int
+
+
 BUILTIN_BACKENDS = {
     "sim": "runahead.backends.sim",
     "torch": "runahead.backends.torch",

@@ -66,11 +66,24 @@ class ExpertCache:
     warm-up and the backends use) turn it into its id and call the id-taking ones (``*_ids``,
     ``*_id``, :meth:`pin_jobs`, :meth:`pinned_slots`: the actors' hot path, once per job or group).
     The eviction policy sees ids.
+
+    NOTE (the whole model resident). ``experts``, where the caller knows it, is how many experts the
+    model has in all (every expert a job may pin). Once every one of them is resident, and no pin
+    taken before is still held, nothing can ever be read or evicted again: a pin protects nothing
+    and a use count orders no victim. From then on pins are not counted (:meth:`pin_ids` counts
+    the hits and returns, :meth:`unpin_ids` returns, :meth:`pinned_slots` gives the slots), which
+    is most of the bookkeeping a job costs when the model fits (issue 14: about a third of a job's
+    CPU time in the zero-cost bench). What the runtime decides is unchanged; only
+    :meth:`pinned_count` reads 0 and the eviction policy's counts stop.
     """
 
-    def __init__(self, slots: int, eviction: str | EvictionPolicy = "lfu") -> None:
+    def __init__(
+        self, slots: int, eviction: str | EvictionPolicy = "lfu", *, experts: int | None = None
+    ) -> None:
         if slots < 1:
             raise ValueError(f"the expert cache needs at least one slot, got {slots}")
+        if experts is not None and experts < 1:
+            raise ValueError(f"a model has at least one expert, got experts={experts}")
         self.slots = slots
         self.eviction: EvictionPolicy = make_eviction(eviction) if isinstance(eviction, str) else eviction
         self.stats = CacheStats()
@@ -83,6 +96,8 @@ class ExpertCache:
         self._holds: dict[int, list[ExpertId]] = {}  # request -> prefetches held for it
         self._held_idle: dict[ExpertId, None] = {}  # resident, unpinned, held: oldest first
         self._free_slots = list(range(slots - 1, -1, -1))
+        self._experts = experts
+        self._whole = False  # every expert resident, no earlier pin held: pins are not counted
 
     # -- by key ----------------------------------------------------------------------------------
 
@@ -207,14 +222,22 @@ class ExpertCache:
 
         Jobs are ready to compute when no slot is None. The caller looks for None only when it must
         (the sim compares the slots' contents with ``experts`` first, which a None fails): a scan
-        of every slot for None costs about what a look-up does.
+        of every slot for None costs about what a look-up does. With the whole model resident every
+        expert counts as pinned (nothing can be evicted).
         """
+        if self._whole:
+            return list(map(self._resident.get, experts))
         if not all(map(self._refs.__contains__, experts)):
             return None
         return list(map(self._resident.get, experts))
 
+    @property
+    def whole_model_resident(self) -> bool:
+        """Every expert of the model is resident, and pins are no longer counted (the class NOTE)."""
+        return self._whole
+
     def pinned_count(self) -> int:
-        """Entries with a nonzero refcount (any state)."""
+        """Entries with a nonzero refcount (any state); 0 once the whole model is resident."""
         return len(self._refs)
 
     def can_reserve(self) -> bool:
@@ -230,8 +253,13 @@ class ExpertCache:
     def pin_ids(self, experts: Sequence[ExpertId]) -> tuple[ExpertId, ...]:
         """Pin every expert (one job's, or several jobs' in turn); return those not resident.
 
-        One use each for the eviction policy, one pin each, as one pin per expert in turn would.
+        One use each for the eviction policy, one pin each, as one pin per expert in turn would;
+        none of it once the whole model is resident (see the class NOTE).
         """
+        if self._whole or (not self._refs and len(self._resident) == self._experts):
+            self._whole = True
+            self.stats.hits += len(experts)
+            return ()
         eviction = self.eviction
         touch_all = getattr(eviction, "touch_all", None)  # optional: a policy may only have touch
         if touch_all is not None:
@@ -270,8 +298,11 @@ class ExpertCache:
         """Release one reference on every expert, in order (the same as one release per expert).
 
         A resident entry whose count reaches zero becomes evictable; a ``WANTED`` one is forgotten
-        (its jobs went away before a read was started).
+        (its jobs went away before a read was started). Nothing to release once the whole model is
+        resident: its pins were not counted.
         """
+        if self._whole:
+            return
         # One Python loop on purpose: C passes over the ids (two counts, map / compress) were tried
         # three times, fewer bytecodes but more CPU a job each time (docs/tried.md, issue 14).
         refs, resident = self._refs, self._resident

@@ -27,6 +27,7 @@ from runahead.backend import (
     READS_IN_FLIGHT,
     Backend,
     CacheWatcher,
+    ExpertCount,
     InlineCompute,
     SpeculativeGate,
     TokenScorer,
@@ -157,7 +158,8 @@ class Runtime:
         self.backend = backend
         self.config = config
         self.clock = clock or Clock()
-        self.cache = ExpertCache(config.cache_slots, config.eviction)
+        experts = backend.num_layers * backend.num_experts if isinstance(backend, ExpertCount) else None
+        self.cache = ExpertCache(config.cache_slots, config.eviction, experts=experts)
         self._scorer = backend if isinstance(backend, TokenScorer) else None
         if isinstance(backend, CacheWatcher):
             backend.watch(self.cache)

@@ -6,7 +6,7 @@ import pytest
 
 from runahead.cache import EntryState, ExpertCache, admissible
 from runahead.eviction import LFU, LRU, make_eviction
-from runahead.jobs import ExpertKey, expert_keys
+from runahead.jobs import ExpertKey, expert_id, expert_keys
 
 A, B, C, D = (ExpertKey(0, e) for e in range(4))
 
@@ -336,3 +336,41 @@ def test_expert_ids_stand_for_keys_inside_and_never_equal_them() -> None:
     cache = ExpertCache(2)
     cache.pin(ExpertKey(7, 3))  # by key and by id, the same entry
     assert cache.state_id(ids[0]) is EntryState.WANTED and cache.is_wanted(ExpertKey(7, 3))
+
+
+def test_pins_stop_counting_once_the_whole_model_is_resident() -> None:
+    """``experts``: once every expert of the model is resident and no earlier pin is held, a pin is
+    a hit with nothing counted, an unpin does nothing, and the slots stay those of the landing."""
+    cache = ExpertCache(4, experts=4)
+    cache.warm([A])
+    assert cache.pin_all([A, B]) == (B,)  # not all resident yet: counted as ever
+    fetch(cache, B)
+    cache.warm([C, D])
+    assert cache.pin(C) is True  # every expert resident, but A and B are still pinned
+    assert cache.pinned_count() == 3
+    cache.unpin_all([A, B, C])
+    assert cache.pinned_count() == 0
+    slots = [cache.slot_of(key) for key in (A, B, C, D)]
+    hits = cache.stats.hits
+    assert cache.pin_all([A, D, D]) == ()
+    assert (cache.stats.hits, cache.stats.misses, cache.pinned_count()) == (hits + 3, 1, 0)
+    assert cache.pinned_slots([expert_id(k) for k in (D, A)]) == [slots[3], slots[0]]
+    cache.unpin_all([A, D, D])
+    cache.unpin_all([A])  # uncounted pins: nothing to release, nothing to check
+    assert cache.is_idle() and cache.stats.evictions == 0
+    assert [cache.slot_of(key) for key in (A, B, C, D)] == slots
+
+
+@pytest.mark.parametrize("experts", [None, 5])
+def test_pins_count_while_some_expert_of_the_model_is_not_resident(experts: int | None) -> None:
+    """Without ``experts``, or with one expert of the model never read, every pin counts."""
+    cache = ExpertCache(4, experts=experts)
+    cache.warm([A, B, C, D])
+    assert cache.pin(A) is True and cache.pinned_count() == 1
+    with pytest.raises(RuntimeError, match="refcount 0"):
+        cache.unpin_all([A, A])
+
+
+def test_a_model_without_experts_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one expert"):
+        ExpertCache(4, experts=0)

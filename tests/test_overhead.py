@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+import runahead.runtime as runtime_module
 from runahead.bench import BenchPoint, run_point
 from runahead.clock import TICKS_PER_S, VirtualTimeLoop, _VirtualSelector, run_virtual
 from runahead.overhead import fit_overhead
@@ -93,6 +94,38 @@ def test_preload_leaves_nothing_to_read_when_every_expert_fits() -> None:
     plain, preloaded = run_point(full), run_point(replace(full, preload=True))
     assert preloaded["reads"] == plain["reads"] > 0
     assert preloaded["tokens_per_s"] == plain["tokens_per_s"]
+
+
+class _NoExpertCount:
+    """Stands in for :class:`runahead.backend.ExpertCount` where no backend should pass as one."""
+
+    num_experts: int
+
+
+@pytest.mark.parametrize(
+    ("policy", "workload"),
+    [("sync", "chat"), ("runahead", "chat"), ("runahead+prefetch", "chat"), ("runahead", "agentic")],
+)
+def test_a_whole_resident_model_decides_as_with_every_pin_counted(
+    policy: str, workload: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every expert resident the cache stops counting pins (``ExpertCache``'s ``experts``):
+    with the Thor's costs the run computes the same groups at the same times, writes the same
+    tokens and counts the same hits as with every pin counted."""
+    point = BenchPoint("qwen3.6-35b-a3b", "thor", policy, 4, 1.0, 3, workload, warmup_steps=2, preload=True)
+
+    def run() -> tuple[object, ...]:
+        captured: list = []
+        run_point(point, timeline=captured.append)
+        runtime = captured[0]
+        recorder = runtime.recorder
+        return runtime.cache.whole_model_resident, recorder.computes, recorder.tokens, runtime.cache.stats
+
+    fast = run()
+    monkeypatch.setattr(runtime_module, "ExpertCount", _NoExpertCount)
+    counted = run()
+    assert fast[0] is True and counted[0] is False
+    assert fast[1:] == counted[1:] and fast[3].hits > 0 and fast[3].misses == 0  # type: ignore[attr-defined]
 
 
 def test_a_stored_rows_key_is_unchanged_by_the_preload_field() -> None:

@@ -116,6 +116,7 @@ class MLXBackend(RequestLifecycle[_RequestState]):
         self.batch_invariant = batch_invariant
         config = model.config
         self.num_layers: int = config.num_layers
+        self.num_experts: int = config.num_experts
         self.experts_per_job: int = config.top_k
         super().__init__()
         self._owners = SlotOwners()

@@ -98,6 +98,9 @@ class Routing(Protocol):
     def num_requests(self) -> int: ...
 
     @property
+    def num_experts(self) -> int: ...
+
+    @property
     def top_k(self) -> int: ...
 
     def selections(self, request: int) -> list[list[tuple[int, ...]]]: ...
@@ -129,6 +132,7 @@ class SimBackend:
         self.routing = routing
         self.costs = costs
         self.num_layers = routing.num_layers
+        self.num_experts = routing.num_experts
         self.experts_per_job = routing.top_k
         self.step_offset = step_offset
         self.zero_cost = zero_cost
