@@ -125,11 +125,17 @@ class ComputeQueue:
 
     def add(self, job: Job) -> None:
         """``job`` has every expert resident (pinned) and may compute."""
-        if job.request in self._ready:
-            raise RuntimeError(f"request {job.request} already has a ready job")
-        seq = next(self._seq)
-        rank = (seq,) if self.order is ComputeOrder.FIFO else (job.epoch, job.layer, seq)
-        self._ready[job.request] = (rank, seq, job)
+        self.add_all((job,))
+
+    def add_all(self, jobs: Iterable[Job]) -> None:
+        """:meth:`add` each of ``jobs`` in turn (a ``Ready`` message's: one call, not one a job)."""
+        ready, seqs, fifo = self._ready, self._seq, self.order is ComputeOrder.FIFO
+        for job in jobs:
+            request = job.request
+            if request in ready:
+                raise RuntimeError(f"request {request} already has a ready job")
+            seq = next(seqs)
+            ready[request] = ((seq,) if fifo else (job.epoch, job.layer, seq), seq, job)
 
     def discard(self, request: int) -> Job | None:
         """Drop a request's ready job (cancellation); return it if there was one."""

@@ -277,9 +277,11 @@ class ComputeScheduler:
         if message is None:
             self._closing = True
         elif isinstance(message, Ready):
-            for job in message.jobs:
-                self.blocked.pop(job.request, None)
-                self.queue.add(job)
+            jobs = message.jobs
+            if self.blocked:
+                for job in jobs:
+                    self.blocked.pop(job.request, None)
+            self.queue.add_all(jobs)
             if message.reply:
                 self._awaiting_reply = False
         elif isinstance(message, Cancel):
