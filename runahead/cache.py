@@ -294,6 +294,11 @@ class ExpertCache:
         absent = set(flat).__contains__
         return [tuple(filter(absent, job.ids)) for job in jobs]
 
+    def unpin_jobs(self, jobs: Sequence[Job]) -> None:
+        """Release every job's experts, job after job, in one :meth:`unpin_ids` (a computed group's)."""
+        if not self._whole:  # nothing was counted once the whole model is resident
+            self.unpin_ids(job_ids(jobs))
+
     def unpin_ids(self, experts: Iterable[ExpertId]) -> None:
         """Release one reference on every expert, in order (the same as one release per expert).
 

@@ -6,7 +6,7 @@ import pytest
 
 from runahead.cache import EntryState, ExpertCache, admissible
 from runahead.eviction import LFU, LRU, make_eviction
-from runahead.jobs import ExpertKey, expert_id, expert_keys
+from runahead.jobs import ExpertKey, Job, expert_id, expert_keys
 
 A, B, C, D = (ExpertKey(0, e) for e in range(4))
 
@@ -374,3 +374,16 @@ def test_pins_count_while_some_expert_of_the_model_is_not_resident(experts: int 
 def test_a_model_without_experts_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one expert"):
         ExpertCache(4, experts=0)
+
+
+def test_a_group_unpinned_by_its_jobs_releases_each_expert_once_a_job() -> None:
+    """``unpin_jobs``: the group's experts, job after job, as ``unpin_ids`` of them flattened."""
+    cache = ExpertCache(4)
+    cache.warm([A, B, C])
+    jobs = [Job(0, 0, 0, (0, 1)), Job(1, 0, 0, (1, 2))]
+    cache.pin_jobs(jobs)
+    assert cache.refcount(B) == 2
+    cache.unpin_jobs(jobs)
+    assert cache.is_idle() and cache.refcount(B) == 0
+    with pytest.raises(RuntimeError, match="refcount 0"):
+        cache.unpin_jobs(jobs[:1])

@@ -47,7 +47,7 @@ from runahead.cache import ExpertCache
 from runahead.clock import Clock
 from runahead.costs import CostModel, GroupCost
 from runahead.health import Health, RuntimeBroken
-from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, distinct_experts, job_ids
+from runahead.jobs import ENTRY_LAYER, Group, Job, JobResult, RequestSpec, distinct_experts
 from runahead.mailbox import Handoff, Mailbox, Outbox
 from runahead.messages import Cancel, Finished, IssuerMessage, NextJobs, Ready, SchedulerMessage, Started
 from runahead.metrics import Recorder
@@ -332,7 +332,7 @@ class ComputeScheduler:
             )
         jobs = group.jobs
         self.recorder.compute(start, end, group.layer, tuple([job.request for job in jobs]))
-        self.cache.unpin_ids(job_ids(jobs))  # in order, as job by job
+        self.cache.unpin_jobs(jobs)  # in order, as job by job
         next_jobs = []
         positions, last_layer = self.positions, self.last_layer
         for result in results:
