@@ -8,11 +8,11 @@ backend moves bytes and computes.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from runahead.jobs import ExpertKey, Group, JobResult, RequestSpec
+from runahead.jobs import ExpertId, ExpertKey, Group, JobResult, RequestSpec
 from runahead.sampling import StepLogprobs
 
 READS_IN_FLIGHT = 4
@@ -114,6 +114,17 @@ class SpeculativeGate(Protocol):
     """
 
     def use_speculative_gate(self, on: bool) -> None: ...
+
+
+@runtime_checkable
+class ModelledLink(Protocol):
+    """A backend whose reads take the time a model of its link says (the sim: a
+    :class:`runahead.landing.LinkModel`), so it knows when each read in flight lands: bottleneck
+    grouping then waits for a job about to be ready (:mod:`runahead.landing`). :meth:`landings` is
+    that map, kept current by the backend (ids in flight to landing times on the runtime's clock),
+    or None where reads take no time (the sim's ``zero_cost``)."""
+
+    def landings(self) -> Mapping[ExpertId, float] | None: ...
 
 
 @runtime_checkable

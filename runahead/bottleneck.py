@@ -13,7 +13,7 @@ Beyond the paper; plain ``runahead`` (or ``runahead/grouping=bottleneck``) uses 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
 from typing import Protocol
@@ -85,6 +85,10 @@ class Outlook:
     measured: bool = False
     """Costs measured on a real backend (a fit, the link's own pace), not a model's: the rule holds
     more cautiously (:data:`HOLD_MIN_MEASURED_SHARE`, no link slack)."""
+    lands: Mapping[ExpertId, float] | None = None
+    """When each read in flight lands, where the link is a cost model (:class:`runahead.landing.
+    LinkModel`: the sim); None elsewhere. With it the rule waits for a job about to be ready
+    (:func:`runahead.landing.imminent`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,6 +258,12 @@ class _Model:
         flight = state.in_flight
         return resident, set() if flight is None else {expert_id(self.keys[flight[0]])}
 
+    def landings(self, state: _State) -> dict[ExpertId, float]:
+        """When the read in flight lands, by id (the runtime's ``ModelledLink.landings``: the case's
+        costs are a model, so the rule knows it)."""
+        flight = state.in_flight
+        return {} if flight is None else {expert_id(self.keys[flight[0]]): flight[1]}
+
     @staticmethod
     def done(state: _State) -> bool:
         return not state.jobs
@@ -382,6 +388,7 @@ def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
                 share,
                 case.layers - 1,
                 measured=case.measured,
+                lands=None if case.measured else model.landings(state),
             )
         choice = queue.plan(positions, lanes, outlook)
         if isinstance(choice, Group):

@@ -39,6 +39,7 @@ from runahead.bottleneck import (
 )
 from runahead.cache import ExpertCache
 from runahead.jobs import ExpertId, Group, Job
+from runahead.landing import HOLD_LANDING_WINDOW, imminent
 
 
 class ComputeOrder(enum.Enum):
@@ -176,12 +177,19 @@ class ComputeQueue:
         :func:`weigh_hold` decides, while the compute unit is near enough to the bottleneck:
         ``compute_share >= HOLD_MIN_COMPUTE_SHARE`` (``HOLD_MIN_MEASURED_SHARE`` with measured costs),
         or ``HOLD_MIN_TAIL_SHARE`` at the tail layer
-        (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). A group
-        returned is the opportunistic one.
+        (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). First,
+        where the outlook knows when reads in flight land (``outlook.lands``: a modelled link), it is
+        held for a blocked job of its layer or a lower one about to be ready (:func:`imminent`),
+        below the gates too. A group returned is the opportunistic one.
         """
         ready = self._ready
         if ready and outlook is not None and self.grouping.bottleneck and outlook.blocked:
             layer = min(ready.values(), key=_rank_of)[2].layer
+            if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
+                window = HOLD_LANDING_WINDOW * outlook.fetch_s
+                until = imminent(outlook.now, layer, outlook.blocked, outlook.resident, outlook.lands, window)
+                if until is not None:
+                    return Hold(until)
             members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
             # a prefill wave before the last reveals its next wave's experts: not a tail group
             tail = layer == outlook.tail_layer and not any(job.remaining for job in members)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
 
-from runahead.backend import Backend, BrokenPromise, InlineCompute
+from runahead.backend import Backend, BrokenPromise, InlineCompute, ModelledLink
 from runahead.bottleneck import ComputeFit, GroupPricer, Hold, Outlook, may_hold
 from runahead.cache import ExpertCache
 from runahead.clock import Clock
@@ -161,6 +161,8 @@ class ComputeScheduler:
         self._link = link
         if link is not None and isinstance(backend, InlineCompute):
             self._compute_inline = backend.compute_inline
+        # when each read in flight lands, where the backend's link is a model (the sim)
+        self._lands = backend.landings() if isinstance(backend, ModelledLink) else None
 
     async def run(self) -> None:
         """Compute groups until the inbox yields ``None``."""
@@ -232,6 +234,7 @@ class ComputeScheduler:
             self.last_layer if self.barrier.enabled else None,
             self._pricer,
             measured=self._model is None,
+            lands=self._lands,
         )
 
     def _recent_share(self, compute: float, link: float) -> float:

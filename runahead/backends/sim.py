@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn, Protocol, cast
 
@@ -30,6 +30,7 @@ from runahead.jobs import (
     expert_key,
     job_ids,
 )
+from runahead.landing import LinkModel
 
 
 class SimCosts(Protocol):
@@ -138,7 +139,7 @@ class SimBackend:
         self.zero_cost = zero_cost
         self.clock = clock or Clock()
         self._requests: dict[int, _SimRequest] = {}
-        self._link_free = 0.0
+        self._link = None if zero_cost else LinkModel(costs.link_latency_s, costs.fetch_transfer_time())
         self._cache: ExpertCache | None = None
         self._landed: dict[int, ExpertId] = {}  # slot -> the expert whose read into it landed
         self._reading: dict[int, ExpertId] = {}  # slot -> the expert being read into it
@@ -164,18 +165,24 @@ class SimBackend:
     def close_request(self, request: int) -> None:
         self._requests.pop(request, None)
 
+    def landings(self) -> Mapping[ExpertId, float] | None:
+        """:class:`runahead.backend.ModelledLink`: when each read in flight lands, on the link
+        :meth:`fetch` charges (None with ``zero_cost``: reads take no time)."""
+        return None if self._link is None else self._link.lands
+
     async def fetch(self, key: ExpertKey, slot: int) -> None:
         expert = expert_id(key)  # what the check at each compute compares (the cache's ids)
         self._landed.pop(slot, None)
         self._reading[slot] = expert
         self._reads_begun += 1
-        if self.zero_cost:
+        if self._link is None:
             await self.clock.sleep(0.0)
         else:
             now = self.clock.now()  # sleep_until's own reading, taken once
-            start = max(now + self.costs.link_latency_s, self._link_free)
-            self._link_free = start + self.costs.fetch_transfer_time()
-            await self.clock.sleep(self._link_free - now)
+            try:
+                await self.clock.sleep(self._link.started(expert, now) - now)
+            finally:
+                self._link.ended(expert)
         del self._reading[slot]
         self._landed[slot] = expert
 

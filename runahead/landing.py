@@ -1,0 +1,80 @@
+"""When the reads in flight should land, and which blocked jobs are about to be ready (issue 11).
+
+Pure code: no clock, no I/O; times come in as arguments.
+
+NOTE (why the rule waits a moment for a job about to be ready). Searched with hindsight in the
+small-case model (docs/results-core.md, "Reads about to land"), the best schedules at 2 and 4
+requests wait where bottleneck grouping computes: for a microsecond or two, while the one read a job
+of the ready group's layer, or of a lower one, still waits for lands. Computing the ready group first
+pushes that job (a laggard, or a partner that would have joined the group) back by a whole group, so
+its next reads reach the link a group later, or its layer is paid for twice. The rule's own model of
+the link (:func:`runahead.bottleneck.landing_times`) cannot see such a wait: it prices a read in
+flight as a whole read from now. A backend whose link is a cost model (the sim) says more: each read
+takes ``transfer_s`` on a link that carries one at a time, ``latency_s`` after it starts
+(:class:`LinkModel`, the sim backend's own arithmetic), so the runtime knows when each read in flight
+lands. :func:`imminent` then names the moment to hold until, when every missing expert of such a job
+is in flight and lands within :data:`HOLD_LANDING_WINDOW` of one read's link time. A real backend's
+reads have no such model (their times are measured and drift): the rule does not wait for them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Iterable, Mapping
+from itertools import filterfalse
+
+from runahead.jobs import ExpertId, Job
+
+HOLD_LANDING_WINDOW = 0.3
+"""How soon, in reads' link times, every missing expert of a blocked job at or below the ready
+group's layer must land for the rule to wait for it. On the sim (both profiles and paper models,
+chat, 2-16 requests, 10/30/70% cache) 0.3 was at or above the rule without it at every point, 0.5
+fell 0.02% below at one, 1.0 lost up to 12% at 16 requests, 0.1 gained about half as much."""
+
+
+class LinkModel:
+    """When each read in flight lands on a modelled link: one read at a time on the link, each
+    ``transfer_s`` long and starting no sooner than ``latency_s`` after it was issued (what the sim
+    backend charges a read, computed from the same costs). The ExpertFetcher reports each read as it
+    starts and ends; :attr:`lands` maps the ids in flight to their landing times."""
+
+    def __init__(self, latency_s: float, transfer_s: float) -> None:
+        if latency_s < 0 or transfer_s <= 0:
+            raise ValueError(f"a link needs latency >= 0 and transfer > 0 s: got {latency_s}, {transfer_s}")
+        self.latency_s = latency_s
+        self.transfer_s = transfer_s
+        self.lands: dict[ExpertId, float] = {}
+        self._free = 0.0  # when the link finishes the last read issued
+
+    def started(self, expert: ExpertId, now: float) -> float:
+        """A read of ``expert`` was issued at ``now``; return when it lands."""
+        self._free = max(now + self.latency_s, self._free) + self.transfer_s
+        self.lands[expert] = self._free
+        return self._free
+
+    def ended(self, expert: ExpertId) -> None:
+        """The read of ``expert`` landed (or failed): it is no longer in flight."""
+        self.lands.pop(expert, None)
+
+
+def imminent(
+    now: float,
+    layer: int,
+    blocked: Iterable[Job],
+    resident: Container[ExpertId],
+    lands: Mapping[ExpertId, float],
+    window_s: float,
+) -> float | None:
+    """When to hold the ready group of ``layer`` until: the latest time a blocked job at ``layer`` or
+    below becomes ready, over those whose every missing expert is in flight (in ``lands``) and lands
+    by ``now + window_s``; None if there is no such job (compute now, or ask the rule)."""
+    limit, until = now + window_s, None
+    for job in blocked:
+        if job.layer > layer:
+            continue
+        ready_at = now
+        for expert in filterfalse(resident.__contains__, job.ids):
+            ready_at = max(ready_at, lands.get(expert, math.inf))
+        if ready_at <= limit:
+            until = ready_at if until is None else max(until, ready_at)
+    return until

@@ -1,0 +1,84 @@
+"""Reads about to land: the modelled link's landing times, the jobs they make imminent, and the hold."""
+
+from __future__ import annotations
+
+import pytest
+from groupinghelpers import job, shared_plus_per_job, states
+
+from runahead.backend import ModelledLink
+from runahead.backends.sim import SimBackend
+from runahead.bottleneck import HOLD_MIN_COMPUTE_SHARE, Hold, Outlook
+from runahead.jobs import ExpertId, ExpertKey, Group, RequestSpec, expert_id
+from runahead.landing import HOLD_LANDING_WINDOW, LinkModel, imminent
+from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
+
+from simhelpers import COSTS, random_trace, simulate
+
+FETCH_S = 0.1
+
+
+def test_the_link_model_carries_one_read_at_a_time_after_its_latency() -> None:
+    link = LinkModel(latency_s=0.01, transfer_s=0.1)
+    a, b, c = (ExpertId(i) for i in range(3))
+    assert link.started(a, 0.0) == pytest.approx(0.11)
+    assert link.started(b, 0.05) == pytest.approx(0.21)  # queued behind a on the link
+    link.ended(a)
+    assert link.lands == {b: pytest.approx(0.21)}
+    assert link.started(c, 1.0) == pytest.approx(1.11)  # the link was free: latency, then transfer
+    link.ended(a)  # twice, or a failed read's: nothing left to forget
+    with pytest.raises(ValueError, match="transfer > 0"):
+        LinkModel(0.0, 0.0)
+
+
+def test_the_sim_lands_each_read_when_its_link_model_says() -> None:
+    """The sim charges its reads through the model it shows the runtime: every read ends at the
+    landing the model gave it, and nothing is left in flight after the run."""
+    trace = random_trace(requests=4, steps=3, layers=4, experts=16, top_k=2, seed=3)
+    runtime = simulate(trace, policy="sync", slots=12, requests=[RequestSpec(r, 3) for r in range(4)])
+    backend = runtime.backend
+    assert isinstance(backend, ModelledLink) and backend.landings() == {}
+    replay = LinkModel(COSTS.link_latency_s, COSTS.fetch_transfer_time())
+    reads = runtime.recorder.fetches
+    assert reads
+    for read in sorted(reads, key=lambda r: r.start):
+        assert read.end == pytest.approx(replay.started(expert_id(read.key), read.start), abs=1e-12)
+    zero = SimBackend(trace, COSTS, zero_cost=True)
+    assert zero.landings() is None
+
+
+def test_imminent_names_the_last_landing_of_jobs_at_or_below_the_layer() -> None:
+    key = {e: expert_id(ExpertKey(3, e)) for e in range(6)}
+    lower = expert_id(ExpertKey(2, 0))
+    view = states(pending={ExpertKey(3, e) for e in range(6)} | {ExpertKey(2, 0)})[0]
+    lands = {key[1]: 0.02, key[2]: 0.025, key[3]: 0.5, lower: 0.01}
+    window = HOLD_LANDING_WINDOW * FETCH_S
+    same, later, missing, low = job(1, 3, (1, 2)), job(2, 3, (3,)), job(3, 3, (4,)), job(4, 2, (0,))
+    assert imminent(0.0, 3, [same], view, lands, window) == pytest.approx(0.025)
+    assert imminent(0.0, 3, [later, missing], view, lands, window) is None  # too late; not in flight
+    assert imminent(0.0, 3, [low, same], view, lands, window) == pytest.approx(0.025)
+    assert imminent(0.0, 2, [same, low], view, lands, window) == pytest.approx(0.01)  # layer 3 is above
+    assert imminent(0.0, 3, [job(5, 3, (5,))], states()[0], lands, window) == 0.0  # nothing missing
+
+
+def modelled(blocked: list, lands: dict, share: float = HOLD_MIN_COMPUTE_SHARE / 2) -> Outlook:
+    resident, in_flight = states(pending={ExpertKey(3, 4), ExpertKey(3, 5)})
+    cost = shared_plus_per_job(1.0, 0.1)
+    return Outlook(0.0, blocked, resident, in_flight, FETCH_S, cost, share, lands=lands)
+
+
+def test_plan_holds_for_a_job_about_to_be_ready_even_far_from_the_bottleneck() -> None:
+    """Below the compute-share gate the rule computes the ready group at once, unless a modelled link
+    says a job of its layer (or a lower one) is about to be ready: then it waits for that read."""
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+    queue.add(job(0, 3))
+    soon = {expert_id(ExpertKey(3, 4)): 0.2 * FETCH_S}
+    late = {expert_id(ExpertKey(3, 4)): 0.9 * FETCH_S}
+    choice = queue.plan({}, {}, modelled([job(1, 3, (4,))], soon))
+    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.2 * FETCH_S)
+    for lands in (late, None):
+        choice = queue.plan({}, {}, modelled([job(1, 3, (4,))], lands))  # type: ignore[arg-type]
+        assert isinstance(choice, Group) and [j.request for j in choice.jobs] == [0]
+        queue.add(job(0, 3))
+    paper = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping())
+    paper.add(job(0, 3))
+    assert isinstance(paper.plan({}, {}, modelled([job(1, 3, (4,))], soon)), Group)
