@@ -23,7 +23,6 @@ from collections import _count_elements  # type: ignore[attr-defined]
 from collections.abc import Iterable, KeysView, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
-from typing import cast
 
 from runahead.eviction import EvictionPolicy, make_eviction
 from runahead.jobs import ExpertId, ExpertKey, Job, expert_id, expert_key, expert_keys, job_ids
@@ -345,11 +344,10 @@ class ExpertCache:
         unpinned resident entries if no slot is free; a demand fetch that finds none takes the
         oldest held prefetch (a prefetch never does).
         """
-        state = self.state_id(expert)
         if prefetch:
-            if state is not None:
+            if (state := self.state_id(expert)) is not None:
                 raise RuntimeError(f"prefetch of {expert_key(expert)}, which is already {state.value}")
-        elif state is not EntryState.WANTED:
+        elif expert not in self._refs or expert in self._resident or expert in self._pending:  # not WANTED
             raise RuntimeError(
                 f"demand fetch of {expert_key(expert)}, which is {self._state_name(expert)}, not wanted"
             )
@@ -426,11 +424,9 @@ class ExpertCache:
             if last_resort and self._held_idle:
                 return self._evict_held()
             return None
-        victim = self.eviction.pop_victim(self._idle.__contains__)
-        if victim is None:
+        expert: ExpertId | None = self.eviction.pop_victim(self._idle.__contains__)  # type: ignore[assignment]
+        if expert is None:  # the policy holds the ids the cache gave it
             raise RuntimeError("eviction policy found no victim among evictable entries")
-        assert isinstance(victim, int)  # an id: the policy holds what the cache gave it
-        expert = cast(ExpertId, victim)
         self._idle.remove(expert)
         slot = self._resident.pop(expert)
         self.stats.evictions += 1
