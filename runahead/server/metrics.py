@@ -26,7 +26,7 @@ _ENGINE_HELP = {
     "link_busy_seconds": "Seconds the link was busy (some expert read in flight), up to the last read's end",
     "groups_computed": "Backend calls (groups of jobs at one layer) computed",
     "jobs_computed": "Layer jobs computed",
-    "cache_slots_pinned": "Expert cache slots pinned by jobs now",
+    "cache_slots_pinned": "Expert cache slots pinned by jobs now (0 once the whole model is resident)",
     "reads_failed": "Expert reads given up after their retries",
     "reads_retried": "Expert reads retried after an I/O error",
     "groups_failed": "Groups whose compute failed (their requests failed)",
