@@ -3,9 +3,10 @@
 Pure code: no clock, no I/O; times come in as arguments.
 
 NOTE (why the rule waits a moment for a job about to be ready). Searched with hindsight in the
-small-case model (docs/results-core.md, "Reads about to land"), the best schedules at 2 and 4
-requests wait where bottleneck grouping computes: for a microsecond or two, while the one read a job
-of the ready group's layer, or of a lower one, still waits for lands. Computing the ready group first
+small-case model (docs/results-core.md, "Reads about to land"), the best schedule at 2 requests
+where the rule was furthest from it (Mac/Gemma4) waits where bottleneck grouping computes: for a
+microsecond or two, while the one read a job of the ready group's layer, or of a lower one, still
+waits for lands. Computing the ready group first
 pushes that job (a laggard, or a partner that would have joined the group) back by a whole group, so
 its next reads reach the link a group later, or its layer is paid for twice. The rule's own model of
 the link (:func:`runahead.bottleneck.landing_times`) cannot see such a wait: it prices a read in
@@ -28,15 +29,16 @@ from runahead.jobs import ExpertId, Job
 HOLD_LANDING_WINDOW = 0.3
 """How soon, in reads' link times, every missing expert of a blocked job at or below the ready
 group's layer must land for the rule to wait for it. On the sim (both profiles and paper models,
-chat, 2-16 requests, 10/30/70% cache) 0.3 was at or above the rule without it at every point, 0.5
-fell 0.02% below at one, 1.0 lost up to 12% at 16 requests, 0.1 gained about half as much."""
+chat, 2-16 requests, 30% cache) 0.3 was at or above the rule without it at every point (and at 10%
+and 70% cache too), 0.5 fell 0.02% below at one, 1.0 lost up to 12% at 16 requests, 0.1 gained
+about half as much."""
 
 
 class LinkModel:
     """When each read in flight lands on a modelled link: one read at a time on the link, each
     ``transfer_s`` long and starting no sooner than ``latency_s`` after it was issued (what the sim
-    backend charges a read, computed from the same costs). The ExpertFetcher reports each read as it
-    starts and ends; :attr:`lands` maps the ids in flight to their landing times."""
+    backend charges a read: its ``fetch`` reports each read here as it starts and ends, so the two
+    cannot drift apart). :attr:`lands` maps the ids in flight to their landing times."""
 
     def __init__(self, latency_s: float, transfer_s: float) -> None:
         if latency_s < 0 or transfer_s <= 0:
