@@ -41,8 +41,8 @@ class LinkModel:
     cannot drift apart). :attr:`lands` maps the ids in flight to their landing times."""
 
     def __init__(self, latency_s: float, transfer_s: float) -> None:
-        if latency_s < 0 or transfer_s <= 0:
-            raise ValueError(f"a link needs latency >= 0 and transfer > 0 s: got {latency_s}, {transfer_s}")
+        if latency_s < 0 or transfer_s < 0:
+            raise ValueError(f"a link needs latency and transfer >= 0 s: got {latency_s}, {transfer_s}")
         self.latency_s = latency_s
         self.transfer_s = transfer_s
         self.lands: dict[ExpertId, float] = {}

@@ -26,8 +26,9 @@ def test_the_link_model_carries_one_read_at_a_time_after_its_latency() -> None:
     assert link.lands == {b: pytest.approx(0.21)}
     assert link.started(c, 1.0) == pytest.approx(1.11)  # the link was free: latency, then transfer
     link.ended(a)  # twice, or a failed read's: nothing left to forget
-    with pytest.raises(ValueError, match="transfer > 0"):
-        LinkModel(0.0, 0.0)
+    with pytest.raises(ValueError, match="latency and transfer >= 0"):
+        LinkModel(0.0, -1.0)
+    assert LinkModel(0.0, 0.0).started(a, 2.0) == 2.0  # a free link (the sim with no transfer cost)
 
 
 def test_the_sim_lands_each_read_when_its_link_model_says() -> None:
