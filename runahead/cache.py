@@ -224,9 +224,7 @@ class ExpertCache:
         of every slot for None costs about what a look-up does. With the whole model resident every
         expert counts as pinned (nothing can be evicted).
         """
-        if self._whole:
-            return list(map(self._resident.get, experts))
-        if not all(map(self._refs.__contains__, experts)):
+        if not self._whole and not all(map(self._refs.__contains__, experts)):
             return None
         return list(map(self._resident.get, experts))
 
@@ -347,7 +345,7 @@ class ExpertCache:
         if prefetch:
             if (state := self.state_id(expert)) is not None:
                 raise RuntimeError(f"prefetch of {expert_key(expert)}, which is already {state.value}")
-        elif expert not in self._refs or expert in self._resident or expert in self._pending:  # not WANTED
+        elif not self.is_wanted_id(expert):
             raise RuntimeError(
                 f"demand fetch of {expert_key(expert)}, which is {self._state_name(expert)}, not wanted"
             )
