@@ -4,8 +4,10 @@
     python bench/grouping_bound.py --case 8:8 --model qwen3.6-35b-a3b --profile thor --max-nodes 3000000
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
-step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first).
-Searched exactly (:func:`runahead.bound_search.best_schedule`, seeded with the shorter of the pilot
+step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first), on
+the profile's link as the sim has it (its read latency, its reads in flight; the model then plays
+each grouping as the sim does, tests/test_bound.py) or with ``--first-link`` on the model's first
+link (one read at a time, no latency). Searched exactly (:func:`runahead.bound_search.best_schedule`, seeded with the shorter of the pilot
 schedule and the best holds schedule): 2 requests over every layer, 4 over the first 8 and 12
 layers, 8 over the first 6 (a case that passes ``MAX_NODES`` decisions is left unsearched). For
 every case, 4 and 8 requests over every layer included: the pilot schedule
@@ -55,9 +57,15 @@ GROUPINGS = {
 }
 
 
-def small_case(model: str, profile: str, requests: int, layers: int | None, cache: float) -> SmallCase:
+def small_case(
+    model: str, profile: str, requests: int, layers: int | None, cache: float, first_link: bool = False
+) -> SmallCase:
+    """The case on the profile's link as the sim has it (latency, reads in flight), or with
+    ``first_link`` on the model's first one (one read at a time, no latency: a bound for any link
+    of that pace)."""
     spec = load_model_spec(model)
-    costs = CostModel(spec, load_profile(profile))
+    link = load_profile(profile)
+    costs = CostModel(spec, link)
     layers = layers or spec.num_layers
     trace = default_trace(spec, requests, WARMUP + 1, seed=0)
     used = Counter(warm_keys(trace, requests, WARMUP))
@@ -68,7 +76,16 @@ def small_case(model: str, profile: str, requests: int, layers: int | None, cach
         distinct = len({e for job in jobs for e in job.experts})
         return costs.compute_time(jobs[0].layer, [1] * len(jobs), [CONTEXT] * len(jobs), distinct)
 
-    return SmallCase(selections, resident, costs.fetch_transfer_time(), group_s)
+    if first_link:
+        return SmallCase(selections, resident, costs.fetch_transfer_time(), group_s)
+    return SmallCase(
+        selections,
+        resident,
+        costs.fetch_transfer_time(),
+        group_s,
+        latency_s=link.link_latency_s,
+        queue_depth=link.link_queue_depth,
+    )
 
 
 def measure(
@@ -81,14 +98,16 @@ def measure(
     max_nodes: int = MAX_NODES,
     max_holds_nodes: int = MAX_HOLDS_NODES,
     rules_only: bool = False,
+    first_link: bool = False,
 ) -> dict[str, object]:
-    case = small_case(model, profile, requests, layers, cache)
+    case = small_case(model, profile, requests, layers, cache, first_link)
     row: dict[str, object] = {
         "model": model,
         "profile": profile,
         "requests": requests,
         "layers": case.layers,
         "cache_fraction": cache,
+        "link": "first" if first_link else "sim",
     }
     return row | bound_row(case, search, max_nodes, max_holds_nodes, rules_only)
 
@@ -202,6 +221,11 @@ def main() -> None:
         action="store_true",
         help="only sync, the paper's grouping and the bottleneck rule played through the model (seconds)",
     )
+    parser.add_argument(
+        "--first-link",
+        action="store_true",
+        help="the model's first link (one read at a time, no latency) instead of the profile's as the sim has it",
+    )
     args = parser.parse_args()
     cases = args.case or CASES + PILOT_CASES
     searched = set(args.case or CASES)
@@ -227,6 +251,7 @@ def main() -> None:
                     args.max_nodes,
                     args.max_holds_nodes,
                     args.rules_only,
+                    args.first_link,
                 )
                 rows.append(r)
                 limit_shares = " ".join(

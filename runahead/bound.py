@@ -9,9 +9,14 @@ The model is the runtime's, made small and exact:
   experts known only once the job before it has computed (no prediction); a step barrier holds
   every request's next token until all finished the current one;
 * an expert is missing unless it is in the (fixed) resident set or was read earlier in the case
-  (the cache is large enough that nothing read is evicted within it); one read at a time holds
-  the link ``fetch_s`` (no latency), served in ``SELECT_FETCH_JOB`` order; an expert two jobs
-  need is read once;
+  (the cache is large enough that nothing read is evicted within it); the link is the sim
+  backend's (:class:`runahead.landing.LinkModel`): up to ``queue_depth`` reads in flight, each
+  chosen in ``SELECT_FETCH_JOB`` order when it is issued (when it is revealed, or when a read
+  lands and frees its worker), carried one at a time for ``fetch_s``, no sooner than
+  ``latency_s`` after its issue; an expert two jobs need is read once. The defaults (one read in
+  flight, no latency) are the model's first link, where a read is chosen only when the link
+  frees: with hindsight a schedule can do no better on any link, so the bound on it is a bound
+  for every link of that pace;
 * a group is every ready job of one layer that the schedule chooses; it costs ``group_s(jobs)``.
 
 A schedule decides, each time the compute unit is free and a job is ready, which layer's ready
@@ -27,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from runahead.bottleneck import Hold, Outlook
+from runahead.bottleneck import Hold, Outlook, may_hold
 from runahead.jobs import ENTRY_LAYER, ExpertId, ExpertKey, Group, Job, expert_id
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
@@ -45,6 +50,18 @@ class SmallCase:
     measured: bool = False
     """The costs are a real backend's, measured: the bottleneck rule plays as it does there
     (``Outlook.measured``); the search and the floor do not depend on it."""
+    latency_s: float = 0.0
+    """From a read's issue to the earliest its transfer starts (the profile's ``link_latency_s``)."""
+    queue_depth: int = 1
+    """Reads in flight at once (the profile's ``link_queue_depth``)."""
+
+    def __post_init__(self) -> None:
+        if self.fetch_s <= 0 or self.latency_s < 0:
+            raise ValueError(
+                f"a case's link needs fetch_s > 0 and latency_s >= 0: {self.fetch_s}, {self.latency_s}"
+            )
+        if self.queue_depth < 1:
+            raise ValueError(f"a case's link needs queue_depth >= 1, got {self.queue_depth}")
 
     @property
     def requests(self) -> int:
@@ -68,13 +85,15 @@ class _State:
     """
 
     now: float
-    jobs: dict[int, Job]  # each request's current job (absent: at the barrier, or finished)
-    ready: set[int]
-    held: set[int]  # finished the step, waiting at the barrier
+    jobs: dict[int, Job]  # each request's current job (absent: at the barrier, or finished), in
+    # the order they were revealed: the fetch order's last tie-break, as the JobIssuer blocks them
+    ready: dict[int, None]  # the requests whose job is ready, in the order they became ready
+    held: list[int]  # finished the step, waiting at the barrier, in the order they came
     landed: int = 0  # experts read during the case (the resident set is the case's)
     requested: int = 0  # landed, or being read
-    in_flight: tuple[int, float] | None = None  # the read on the link (its bit) and when it lands
-    link_free: float = 0.0  # when the link finished its last read
+    in_flight: tuple[tuple[int, float], ...] = ()  # the reads issued (bit, when it lands), in order
+    link_free: float = 0.0  # when the link finishes the last read issued
+    fresh: int = 0  # of ``in_flight``, the last reads issued by the reveal at ``now`` (see _play)
     step: int = 0
     link_busy: float = 0.0
     compute_busy: float = 0.0
@@ -82,21 +101,17 @@ class _State:
     reads: int = 0
     trail: _Trail = None  # the groups so far, newest first: (earlier, (start, layer, requests))
 
-    def link_at(self) -> float:
-        """When the link can start its next read: when the one on it lands, else now (a read
-        revealed from now on starts at once; the link has been idle since ``link_free``)."""
-        return max(self.link_free, self.now) if self.in_flight is None else self.in_flight[1]
-
     def copy(self) -> _State:
         return _State(
             self.now,
             dict(self.jobs),
-            set(self.ready),
-            set(self.held),
+            dict(self.ready),
+            list(self.held),
             self.landed,
             self.requested,
             self.in_flight,
             self.link_free,
+            self.fresh,
             self.step,
             self.link_busy,
             self.compute_busy,
@@ -143,10 +158,10 @@ class _Model:
         self._prepare()
 
     def start(self) -> _State:
-        state = _State(0.0, {}, set(), set())
+        state = _State(0.0, {}, {}, [])
         for request in range(self.case.requests):
             state.jobs[request] = self._jobs[request][0][0]
-            state.ready.add(request)
+            state.ready[request] = None
         return state
 
     def unlanded(self, state: _State, job: Job) -> int:
@@ -159,7 +174,7 @@ class _Model:
 
     def _next_read(self, state: _State) -> int | None:
         """``SELECT_FETCH_JOB`` (lowest progress, then fewest missing): its first expert not read."""
-        best: tuple[tuple[int, int, int, int], Job, int] | None = None
+        best: tuple[tuple[int, int, int], Job, int] | None = None
         landed, requested, masks = state.landed, state.requested, self._masks
         for request, job in state.jobs.items():
             if request in state.ready:
@@ -167,79 +182,91 @@ class _Model:
             mask = masks[request][job.step][job.layer + 1]
             unread = mask & ~requested
             if unread:
-                rank = (job.epoch, job.layer, (mask & ~landed).bit_count(), request)
-                if best is None or rank < best[0]:
+                rank = (job.epoch, job.layer, (mask & ~landed).bit_count())
+                if best is None or rank < best[0]:  # the first revealed of equals
                     best = (rank, job, unread)
         if best is None:
             return None
         _, job, unread = best
         return next(b for b in self._orders[job.request][job.step][job.layer + 1] if unread >> b & 1)
 
-    def advance_link(self, state: _State, until: float) -> None:
-        """Run the link to ``until``: land reads, start the next, mark the jobs that became ready.
+    def link_at(self, state: _State) -> float:
+        """The earliest a read not yet issued can land, less its transfer: after the reads issued,
+        and a latency after now."""
+        return max(state.link_free, state.now + self.case.latency_s)
 
-        Reads start when the link is free, or at ``state.now`` (when the last reveal happened).
+    def advance_link(self, state: _State, until: float) -> None:
+        """Run the link to ``until``: issue reads, land them, mark the jobs that became ready.
+
+        A worker issues a read at ``state.now`` (the last reveal) or when its own read lands.
         """
-        fetch_s = self.case.fetch_s
+        case = self.case
+        fetch_s, latency, depth = case.fetch_s, case.latency_s, case.queue_depth
+        issue = state.now
         while True:
-            if state.in_flight is None:
+            while len(state.in_flight) < depth:
                 bit = self._next_read(state)
                 if bit is None:
-                    return
-                lands = state.link_at() + fetch_s
+                    break
+                lands = state.link_free = max(issue + latency, state.link_free) + fetch_s
                 state.requested |= 1 << bit
-                state.in_flight = (bit, lands)
+                state.in_flight += ((bit, lands),)
                 state.link_busy += fetch_s
                 state.reads += 1
-            bit, lands = state.in_flight
+            if not state.in_flight:
+                return
+            bit, lands = state.in_flight[0]
             if lands > until:
                 return
             state.landed |= 1 << bit
-            state.in_flight = None
-            state.link_free = lands
-            for request, job in state.jobs.items():
+            state.in_flight = state.in_flight[1:]
+            issue = lands
+            for request, job in state.jobs.items():  # in the order they were blocked
                 if request not in state.ready and not self.unlanded(state, job):
-                    state.ready.add(request)
+                    state.ready[request] = None
 
     def compute(self, state: _State, layer: int) -> None:
         """Compute every ready job at ``layer`` as one group, then reveal what each needs next."""
-        members = sorted(r for r in state.ready if state.jobs[r].layer == layer)
+        members = [r for r in state.ready if state.jobs[r].layer == layer]  # in the order they came
         jobs = [state.jobs[r] for r in members]
-        busy = self._level_cost(jobs[0].step, layer, tuple(members))
-        state.trail = (state.trail, (state.now, layer, tuple(members)))
+        requests = tuple(sorted(members))
+        busy = self._level_cost(jobs[0].step, layer, requests)
+        state.trail = (state.trail, (state.now, layer, requests))
         end = state.now + busy
         state.compute_busy += busy
         state.computed += len(jobs)
         self.advance_link(state, end)
         state.now = end
-        state.ready.difference_update(members)
         for job in jobs:
+            request = job.request
+            del state.ready[request], state.jobs[request]
             if job.layer == self.last:
-                state.held.add(job.request)
-                del state.jobs[job.request]
+                state.held.append(request)
                 continue
-            nxt = self._jobs[job.request][job.step][job.layer + 2]
-            state.jobs[job.request] = nxt
+            nxt = state.jobs[request] = self._jobs[request][job.step][job.layer + 2]  # revealed last
             if not self.unlanded(state, nxt):
-                state.ready.add(job.request)
+                state.ready[request] = None
         if not state.jobs:  # everyone reached the barrier
             state.step += 1
             if state.step < self.case.steps:
-                for request in state.held:
+                for request in state.held:  # released in the order they came
                     state.jobs[request] = self._jobs[request][state.step][0]
-                    state.ready.add(request)
+                    state.ready[request] = None
                 state.held.clear()
+        issued = len(state.in_flight)
         self.advance_link(state, state.now)
+        state.fresh = len(state.in_flight) - issued
 
     def wait(self, state: _State, until: float | None = None) -> bool:
         """Let time pass until the next job becomes ready (or ``until``); False if none can (then
         ``state`` is left as it was, but for the link's reads up to ``state.now``)."""
         count = len(state.ready)
+        state.fresh = 0
         if until is not None and until <= state.now:
             until = None
         self.advance_link(state, state.now)
-        while state.in_flight is not None:
-            lands = state.in_flight[1]
+        while state.in_flight:
+            lands = state.in_flight[0][1]
             if until is not None and lands > until:
                 self.advance_link(state, until)
                 state.now = until
@@ -252,17 +279,17 @@ class _Model:
 
     def cache_view(self, state: _State) -> tuple[set[ExpertId], set[ExpertId]]:
         """What the runtime's cache would say (by id, as :class:`Outlook` asks): the resident experts
-        (the case's and those landed) and the one being read, if any."""
+        (the case's and those landed) and those being read."""
         landed = {key for bit, key in enumerate(self.keys) if state.landed >> bit & 1}
         resident = set(map(expert_id, self.case.resident | landed))
-        flight = state.in_flight
-        return resident, set() if flight is None else {expert_id(self.keys[flight[0]])}
+        return resident, set(self.landings(state))
 
     def landings(self, state: _State) -> dict[ExpertId, float]:
-        """When the read in flight lands, by id (the runtime's ``ModelledLink.landings``: the case's
-        costs are a model, so the rule knows it)."""
-        flight = state.in_flight
-        return {} if flight is None else {expert_id(self.keys[flight[0]]): flight[1]}
+        """When each read in flight lands, by id (the runtime's ``ModelledLink.landings``: the case's
+        costs are a model, so the rule knows them), but those the reveal at ``now`` issued: the
+        runtime's scheduler decides before its ExpertFetcher has heard of them."""
+        seen = state.in_flight[: len(state.in_flight) - state.fresh]
+        return {expert_id(self.keys[bit]): lands for bit, lands in seen}
 
     @staticmethod
     def done(state: _State) -> bool:
@@ -327,7 +354,7 @@ class _Model:
         ``lowest_first``), and None (wait) if useful."""
         layers = sorted({state.jobs[r].layer for r in state.ready})
         choices: list[int | None] = list(layers[:1] if self.lowest_first else layers)
-        if self.blocked(state) and (state.in_flight is not None or self._next_read(state) is not None):
+        if self.blocked(state) and (state.in_flight or self._next_read(state) is not None):
             choices.append(None)
         return choices
 
@@ -370,13 +397,14 @@ def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
     lanes = {r: r for r in range(case.requests)}
     while not model.done(state):
         queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)
-        for request in sorted(state.ready):
-            queue.add(state.jobs[request])
+        queue.add_all([state.jobs[request] for request in state.ready])  # in the order they came
         positions = {r: job.progress for r, job in state.jobs.items()}
         blocked = model.blocked(state)
         outlook = None
-        if blocked:
-            share = state.compute_busy / state.link_busy if state.link_busy else 1.0
+        # the scheduler's share: compute so far over the link time of the reads landed so far
+        landed = state.landed.bit_count() * case.fetch_s
+        share = state.compute_busy / landed if landed else 1.0
+        if blocked and may_hold(share):
             resident, in_flight = model.cache_view(state)
             outlook = Outlook(
                 state.now,

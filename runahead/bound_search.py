@@ -8,8 +8,9 @@ by a lower bound and by dominance:
   group; the reads not yet started back to back after the link's current one, then the compute
   some job must do after the last read lands; in the last step, the overlap relaxation's floor
   (:mod:`runahead.relaxation`) over the levels ahead of every request;
-* dominance: a state with the same progress, readiness and reads, reached no earlier with the link
-  free no earlier, cannot end sooner than one seen before.
+* dominance: a state with the same progress, readiness and reads, reached no earlier, with each
+  read in flight landing no earlier and the link free no earlier, cannot end sooner than one seen
+  before.
 
 :func:`best_schedule` returns the shortest makespan; :func:`best_holds` the shortest with groups
 computed lowest layer first (what hold decisions alone can reach). Experts are bits of an int, and
@@ -39,7 +40,8 @@ class _SearchModel(_Model):
 
     def lower_bound(self, state: _State) -> float:
         """No schedule from ``state`` ends sooner: the remaining compute with each layer in one
-        group, or the reads not yet started back to back after the link's current one (then, in
+        group, or the reads not yet started back to back after those issued, the first a latency
+        after now at the earliest (then, in
         the last step, the compute after its last read); in the last step with every request in
         it, also the overlap relaxation's floor (:mod:`runahead.relaxation`) over the levels
         ahead of every request, those some have left behind at their cost."""
@@ -50,12 +52,15 @@ class _SearchModel(_Model):
         if ahead is None:
             ahead = self._ahead_of[at] = self._remaining(state)
         compute, behind, needed, floor = ahead
-        link = state.link_at() + (needed & ~state.requested).bit_count() * case.fetch_s
+        unread = (needed & ~state.requested).bit_count() * case.fetch_s
+        link = self.link_at(state) + unread if unread else max(state.link_free, state.now)
         if state.step + 1 < case.steps:
             return max(state.now + compute, link)
         best = max(state.now + compute, link + self._after_last_read(state))
-        if floor is not None:
-            best = max(best, state.now + floor.floor(link - state.now, behind))
+        if floor is not None:  # the link's busy time alone: the floor counts its idle itself
+            now, fetch_s = state.now, case.fetch_s
+            busy = unread + sum(min(fetch_s, lands - now) for _, lands in state.in_flight)
+            best = max(best, now + floor.floor(busy, behind))
         return best
 
     def _remaining(self, state: _State) -> _Remaining:
@@ -164,8 +169,15 @@ class _SearchModel(_Model):
             (job.step, job.layer, r in state.ready) if (job := state.jobs.get(r)) else None
             for r in range(self.case.requests)
         )
-        flight = None if state.in_flight is None else state.in_flight[0]
-        return (state.step, progress, state.requested, flight)
+        flight = tuple(bit for bit, _ in state.in_flight)
+        # the orders that break ties: the fetch order's (blocked), the groups' (ready, held)
+        blocked = tuple(r for r in state.jobs if r not in state.ready)
+        return (state.step, progress, state.requested, flight, blocked, tuple(state.ready), tuple(state.held))
+
+    def marks(self, state: _State) -> tuple[float, ...]:
+        """The times a state of a signature is judged by (no later in each, no worse): now, when
+        each read in flight lands, and when the link can land the next."""
+        return (state.now, self.link_at(state), *(lands for _, lands in state.in_flight))
 
 
 def best_schedule(
@@ -190,7 +202,7 @@ def best_schedule(
     model = _SearchModel(case, lowest_first=lowest_first)
     best: list[Schedule | None] = [known]
     bound = [incumbent if known is None else min(incumbent, known.makespan)]
-    seen: dict[tuple[object, ...], list[tuple[float, float]]] = {}
+    seen: dict[tuple[object, ...], list[tuple[float, ...]]] = {}
     explored = 0
 
     def visit(state: _State) -> None:
@@ -206,15 +218,15 @@ def best_schedule(
         if model.lower_bound(state) >= bound[0] - 1e-12 and best[0] is not None:
             return
         key = model.signature(state)
-        at, link = state.now, state.link_at()
-        marks = seen.get(key)
-        if marks is None:
-            seen[key] = [(at, link)]
-        elif any(now <= at + 1e-12 and ln <= link + 1e-12 for now, ln in marks):
+        times = model.marks(state)
+        front = seen.get(key)
+        if front is None:
+            seen[key] = [times]
+        elif any(_no_later(mark, times) for mark in front):
             return
         else:  # the marks this one dominates go: the list stays a front
-            marks[:] = [(now, ln) for now, ln in marks if now < at - 1e-12 or ln < link - 1e-12]
-            marks.append((at, link))
+            front[:] = [mark for mark in front if not _no_later(times, mark)]
+            front.append(times)
         for child in model.children(state):
             visit(child)
 
@@ -223,6 +235,11 @@ def best_schedule(
         raise RuntimeError("the search found no schedule (the incumbent was already optimal?)")
     found = best[0]
     return Schedule(found.makespan, found.compute_s, found.fetch_s, found.groups, explored)
+
+
+def _no_later(mark: tuple[float, ...], times: tuple[float, ...]) -> bool:
+    """Every time of ``mark`` at most the same time of ``times``: ``mark``'s state dominates."""
+    return all(a <= b + 1e-12 for a, b in zip(mark, times, strict=True))
 
 
 def best_holds(

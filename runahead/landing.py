@@ -33,6 +33,13 @@ chat, 2-16 requests, 30% cache) 0.3 was at or above the rule without it at every
 and 70% cache too), 0.5 fell 0.02% below at one, 1.0 lost up to 12% at 16 requests, 0.1 gained
 about half as much."""
 
+LANDED_AFTER_S = 1e-9
+"""How long after the landing it waits for a hold for a job about to be ready ends. At the landing's
+own instant the job is not ready yet: the read's worker, then the JobIssuer, then the scheduler
+each take the news in turn, and a timer due at that instant wakes the scheduler first (virtual
+time runs every callback of an instant before it moves on). A hold due a moment later ends with
+the job's ``Ready`` instead."""
+
 
 class LinkModel:
     """When each read in flight lands on a modelled link: one read at a time on the link, each

@@ -14,7 +14,10 @@ computed the level's jobs as one group (*whole*) or in two or more groups (*spli
   The step's first group (entry jobs: nothing is revealed before it ends) and its last (last layer:
   every read has landed, every other job is done) idle the link as well, each for at least the
   cheapest one-job group of its level. These are different groups, so their times add up; a read
-  revealed by a group's end moves its first byte a read latency later (``latency_s``).
+  revealed by a group's end moves its first byte a read latency later (``latency_s``), counted
+  only where the next level must read an expert: its jobs then start no sooner, so the latency
+  never overlaps a later whole level's idle time (with nothing to read it would, and counting it
+  twice would lift the floor above schedules that exist).
 
 So a step takes at least ``max(compute, reads + idle)`` for the schedule's choices, and at least
 the least of that over every choice. :func:`floor` takes the least over *fractional* choices (a
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING
 
-from runahead.jobs import ENTRY_LAYER, Job
+from runahead.jobs import ENTRY_LAYER, ExpertKey, Job
 
 if TYPE_CHECKING:
     from runahead.bound import SmallCase
@@ -65,7 +68,8 @@ def level(
 
     ``split`` tries every way to cut the jobs in two (``2 ** (n - 1) - 1`` of them: meant for up to
     ~10 jobs). ``first`` and ``last`` mark the step's entry and last levels; ``latency_s`` is the
-    time from a read's start to its first byte (after the step's last level nothing is read).
+    time from a read's start to its first byte, to pass only where the next level must read an
+    expert (the module NOTE; after the step's last level nothing is read).
     """
     if not jobs:
         raise ValueError("a level needs at least one job")
@@ -137,14 +141,31 @@ def relax(levels: Iterable[Level]) -> Relaxed:
 
 
 def case_levels(case: SmallCase, step: int) -> list[Level]:
-    """The levels of one step of a :class:`runahead.bound.SmallCase`: its entry jobs, then each layer."""
+    """The levels of one step of a :class:`runahead.bound.SmallCase`: its entry jobs, then each layer
+    (a read's latency after a level where the next one reads an expert: one neither resident nor
+    needed at an earlier step, as the case's model reads each missing expert once)."""
     requests = range(case.requests)
+    earlier = {
+        ExpertKey(layer, e)
+        for r in requests
+        for before in case.selections[r][:step]
+        for layer, row in enumerate(before)
+        for e in row
+    }
+    jobs = [
+        [Job(r, step, layer, case.selections[r][step][layer], lane=r, epoch=step) for r in requests]
+        for layer in range(case.layers)
+    ]
+    reads = [
+        any(key not in case.resident and key not in earlier for job in row for key in job.keys)
+        for row in jobs
+    ]
+    latency = [case.latency_s if read else 0.0 for read in reads]
     entry = [Job(r, step, ENTRY_LAYER, lane=r, epoch=step) for r in requests]
-    levels = [level(entry, case.group_s, first=True)]
-    for layer in range(case.layers):
-        experts = [case.selections[r][step][layer] for r in requests]
-        jobs = [Job(r, step, layer, experts[r], lane=r, epoch=step) for r in requests]
-        levels.append(level(jobs, case.group_s, last=layer == case.layers - 1))
+    levels = [level(entry, case.group_s, first=True, latency_s=latency[0])]
+    for layer, row in enumerate(jobs):
+        last = layer == case.layers - 1
+        levels.append(level(row, case.group_s, last=last, latency_s=0.0 if last else latency[layer + 1]))
     return levels
 
 

@@ -39,7 +39,7 @@ from runahead.bottleneck import (
 )
 from runahead.cache import ExpertCache
 from runahead.jobs import ExpertId, Group, Job
-from runahead.landing import HOLD_LANDING_WINDOW, imminent
+from runahead.landing import HOLD_LANDING_WINDOW, LANDED_AFTER_S, imminent
 
 
 class ComputeOrder(enum.Enum):
@@ -189,7 +189,7 @@ class ComputeQueue:
                 window = HOLD_LANDING_WINDOW * outlook.fetch_s
                 until = imminent(outlook.now, layer, outlook.blocked, outlook.resident, outlook.lands, window)
                 if until is not None:
-                    return Hold(until)
+                    return Hold(until + LANDED_AFTER_S)
             members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
             # a prefill wave before the last reveals its next wave's experts: not a tail group
             tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
