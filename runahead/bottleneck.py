@@ -134,6 +134,32 @@ def may_hold(compute_share: float) -> bool:
     return compute_share >= min(HOLD_MIN_COMPUTE_SHARE, HOLD_MIN_TAIL_SHARE)
 
 
+def tail_waits(outlook: Outlook) -> float | None:
+    """When the ready tail group should be held until, while a job of its step is behind it; None
+    if none is.
+
+    NOTE (the tail waits for its step). Under the step barrier, a group at the last layer reveals
+    nothing the link could start before the barrier releases the next token, and its shared work
+    (the output head besides the layer's own weights: for Gemma4 most of a layer's time, 4.5 ms of
+    5.1 for four requests on the Mac) is paid once however many requests it holds. Computed alone
+    while other requests of the step are still at lower layers, it buys nothing and takes the
+    compute unit from the jobs that will reveal reads; held, it joins the step's other tail jobs in
+    one group once they arrive. The best holds schedules of the small-case model on the sim's link
+    hold it so (docs/results-core.md, "The tail waits for its step"). The blocked jobs are the
+    step's: the barrier holds every later token back. The hold lasts until the soonest of them
+    should be ready (:func:`landing_times`), or a message; then the rule is asked again.
+    """
+    behind = [
+        job for job in outlook.blocked if outlook.tail_layer is not None and job.layer < outlook.tail_layer
+    ]
+    if not behind:
+        return None
+    landing, _ = landing_times(
+        outlook.now, outlook.blocked, outlook.resident, outlook.in_flight, outlook.fetch_s
+    )
+    return min(landing[job.request] for job in behind)
+
+
 def landing_times(
     now: float,
     blocked: Iterable[Job],

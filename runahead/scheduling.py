@@ -35,6 +35,7 @@ from runahead.bottleneck import (
     Outlook,
     landing_order,
     landing_times,
+    tail_waits,
     weigh_hold,
 )
 from runahead.cache import ExpertCache
@@ -177,22 +178,28 @@ class ComputeQueue:
         :func:`weigh_hold` decides, while the compute unit is near enough to the bottleneck:
         ``compute_share >= HOLD_MIN_COMPUTE_SHARE`` (``HOLD_MIN_MEASURED_SHARE`` with measured costs),
         or ``HOLD_MIN_TAIL_SHARE`` at the tail layer
-        (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). First,
-        where the outlook knows when reads in flight land (``outlook.lands``: a modelled link), it is
-        held for a blocked job of its layer or a lower one about to be ready (:func:`imminent`),
-        below the gates too. A group returned is the opportunistic one.
+        (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). Before
+        that, where the outlook knows when reads in flight land (``outlook.lands``: a modelled link),
+        it is held for a blocked job of its layer or a lower one about to be ready (:func:`imminent`),
+        below the gates too. And first of all, a tail group waits while a job of its step is behind
+        it, where the costs are a model (:func:`tail_waits`). The caller gives an outlook only at a
+        share :func:`may_hold` allows. A group returned is the opportunistic one.
         """
         ready = self._ready
         if ready and outlook is not None and self.grouping.bottleneck and outlook.blocked:
             layer = min(ready.values(), key=_rank_of)[2].layer
+            members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
+            # a prefill wave before the last reveals its next wave's experts: not a tail group
+            tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
+            if tail and not outlook.measured:  # the tail waits for its step (tail_waits)
+                until = tail_waits(outlook)
+                if until is not None:
+                    return Hold(until)
             if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
                 window = HOLD_LANDING_WINDOW * outlook.fetch_s
                 until = imminent(outlook.now, layer, outlook.blocked, outlook.resident, outlook.lands, window)
                 if until is not None:
                     return Hold(until + LANDED_AFTER_S)
-            members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
-            # a prefill wave before the last reveals its next wave's experts: not a tail group
-            tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
             below = HOLD_MIN_MEASURED_SHARE if outlook.measured else HOLD_MIN_COMPUTE_SHARE
             gate = HOLD_MIN_TAIL_SHARE if tail else below
             same = [job for job in outlook.blocked if job.layer == layer]

@@ -225,7 +225,8 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
     ready_layers, blocked_spec, fetch_s, share, tail
 ) -> None:
     """No deadlock: a hold names a finite deadline no earlier than now, and a blocked job of the
-    held layer exists (its landing sends the scheduler a message); the ready jobs stay queued."""
+    held layer or a lower one exists (its landing sends the scheduler a message: a tail group waits
+    for the jobs of its step behind it); the ready jobs stay queued."""
     queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
     for request, layer in enumerate(ready_layers):
         queue.add(job(request, layer))
@@ -249,7 +250,9 @@ def test_every_hold_has_a_job_that_will_wake_it_and_a_deadline(  # type: ignore[
     if isinstance(choice, Hold):
         assert math.isfinite(choice.deadline) and choice.deadline >= 3.0
         lowest = min(ready_layers)
-        assert any(j.layer == lowest for j in blocked)
+        assert any(j.layer == lowest for j in blocked) or (
+            lowest == tail and any(j.layer < lowest for j in blocked)
+        )
         assert len(queue) == before
     else:
         assert isinstance(choice, Group) and choice.layer == min(ready_layers)
@@ -490,3 +493,26 @@ async def test_steps_batched_by_adaptive_grouping_are_left_out_of_what_the_rule_
     assert view is not None
     assert view.compute_share == pytest.approx(2.0)
     assert view.fetch_s == pytest.approx(0.1)
+
+
+def test_a_tail_group_waits_while_a_job_of_its_step_is_behind_it() -> None:
+    # request 0 is ready at the last layer (4), request 1 blocked at layer 2 on one read in flight and
+    # one not started: the tail group waits until request 1 should be ready (two reads' time), where
+    # the costs are a model (the scheduler asks only at a share may_hold allows); measured costs
+    # compute it, and so does a step with nobody behind (request 1 blocked at the tail itself: the
+    # tail rule, below its share gate)
+    fetch_s = 0.1
+    blocked = [job(1, 2, (0, 1))]
+    view = states(pending={ExpertKey(2, 0)}, wanted={ExpertKey(2, 1)})
+
+    def plan(blocked: list[Job], share: float, measured: bool = False) -> Group | Hold | None:
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+        queue.add(job(0, 4))
+        cost = shared_plus_per_job(1.0, 0.1)
+        return queue.plan({}, {}, Outlook(3.0, blocked, *view, fetch_s, cost, share, 4, measured=measured))
+
+    for share in (HOLD_MIN_TAIL_SHARE, 2.0):
+        choice = plan(blocked, share)
+        assert isinstance(choice, Hold) and choice.deadline == pytest.approx(3.0 + 2 * fetch_s)
+    assert isinstance(plan(blocked, 2.0, measured=True), Group)
+    assert isinstance(plan([job(1, 4, (0,))], 0.1), Group)
