@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from runahead.backends.sim import SimCosts
 from runahead.bound import SmallCase
-from runahead.jobs import ExpertKey, Job
+from runahead.jobs import ExpertKey, Job, distinct_experts
+from runahead.trace import RoutingTrace
 
 
 def one_layer_case(fetch_s: float) -> SmallCase:
@@ -35,3 +37,23 @@ def three_request_case() -> SmallCase:
         return 0.3 + 0.05 * len({e for job in jobs for e in job.experts})
 
     return SmallCase(selections, resident, 0.2, group_s)
+
+
+def traced_case(
+    trace: RoutingTrace, costs: SimCosts, *, latency_s: float = 0.0, queue_depth: int = 1
+) -> SmallCase:
+    """The case of a whole routing trace (every request, step and layer; nothing resident) at the sim
+    backend's ``costs``: what :func:`simhelpers.simulate` runs on the same trace."""
+    steps, layers = trace.num_steps, trace.num_layers
+    selections = [
+        [[tuple(trace.selections(r)[s][layer]) for layer in range(layers)] for s in range(steps)]
+        for r in range(trace.num_requests)
+    ]
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return costs.compute_time(jobs[0].layer, [1] * len(jobs), [1] * len(jobs), distinct_experts(jobs))
+
+    transfer_s = costs.fetch_transfer_time()
+    return SmallCase(
+        selections, frozenset(), transfer_s, group_s, latency_s=latency_s, queue_depth=queue_depth
+    )

@@ -10,10 +10,10 @@ import pytest
 from runahead.backends.sim import FixedCosts
 from runahead.bound import SmallCase, _Model, _State, pilot_schedule, run_policy
 from runahead.bound_search import _SearchModel, best_holds, best_schedule
-from runahead.jobs import ExpertKey, Job, RequestSpec, distinct_experts
+from runahead.jobs import ExpertKey, Job, RequestSpec
 from runahead.scheduling import Grouping
 
-from boundhelpers import one_layer_case, three_request_case
+from boundhelpers import one_layer_case, three_request_case, traced_case
 from simhelpers import random_trace, simulate
 
 
@@ -193,17 +193,7 @@ def test_the_model_plays_each_grouping_as_the_sim_runs_it(seed: int) -> None:
     )
     depth = rng.choice([1, 2, 4])
     trace = random_trace(requests, steps, layers, experts=12, top_k=2, seed=seed)
-    selections = [
-        [[tuple(trace.selections(r)[s][layer]) for layer in range(layers)] for s in range(steps)]
-        for r in range(requests)
-    ]
-
-    def group_s(jobs: Sequence[Job]) -> float:
-        return costs.compute_time(jobs[0].layer, [1] * len(jobs), [1] * len(jobs), distinct_experts(jobs))
-
-    case = SmallCase(
-        selections, frozenset(), costs.transfer_s, group_s, latency_s=costs.latency_s, queue_depth=depth
-    )
+    case = traced_case(trace, costs, latency_s=costs.latency_s, queue_depth=depth)
     specs = [RequestSpec(r, steps) for r in range(requests)]
     for policy, grouping in (
         ("sync", Grouping(static=True)),

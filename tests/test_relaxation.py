@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from runahead.bound import SmallCase, run_policy
+from runahead.bound import run_policy
 from runahead.bound_search import best_schedule
-from runahead.jobs import Job, RequestSpec, distinct_experts
+from runahead.jobs import Job, RequestSpec
 from runahead.relaxation import Level, case_floor, case_levels, floor, level
 from runahead.scheduling import Grouping
 
-from boundhelpers import one_layer_case, three_request_case
+from boundhelpers import one_layer_case, three_request_case, traced_case
 from simhelpers import COSTS, random_trace, simulate
 
 
@@ -70,15 +70,7 @@ def test_the_sims_schedules_never_beat_the_floor(seed: int) -> None:
     # again), every grouping: its makespan is never below the floor of its trace and its reads
     requests, steps, layers = 4, 5, 4
     trace = random_trace(requests, steps, layers, experts=12, top_k=2, seed=seed)
-    selections = [
-        [[tuple(trace.selections(r)[s][layer]) for layer in range(layers)] for s in range(steps)]
-        for r in range(requests)
-    ]
-
-    def group_s(jobs: Sequence[Job]) -> float:
-        return COSTS.compute_time(jobs[0].layer, [1] * len(jobs), [1] * len(jobs), distinct_experts(jobs))
-
-    case = SmallCase(selections, frozenset(), COSTS.transfer_s, group_s)
+    case = traced_case(trace, COSTS)
     levels = [item for step in range(steps) for item in case_levels(case, step)]
     specs = [RequestSpec(r, steps) for r in range(requests)]
     for policy in ("runahead", "runahead/grouping=opportunistic", "sync", "runahead/grouping=static:2:2"):
