@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import filterfalse
 from typing import Protocol
 
@@ -134,9 +134,9 @@ def may_hold(compute_share: float) -> bool:
     return compute_share >= min(HOLD_MIN_COMPUTE_SHARE, HOLD_MIN_TAIL_SHARE)
 
 
-def tail_waits(outlook: Outlook) -> float | None:
-    """When the ready tail group should be held until, while a job of its step is behind it; None
-    if none is.
+def tail_waits(outlook: Outlook, members: Sequence[Job]) -> float | None:
+    """When the ready tail group (``members``) should be held until, while a job of its step is
+    behind it; None if none is, or if the group's output head is not worth the wait.
 
     NOTE (the tail waits for its step). Under the step barrier, a group at the last layer reveals
     nothing the link could start before the barrier releases the next token, and its shared work
@@ -145,15 +145,21 @@ def tail_waits(outlook: Outlook) -> float | None:
     while other requests of the step are still at lower layers, it buys nothing and takes the
     compute unit from the jobs that will reveal reads; held, it joins the step's other tail jobs in
     one group once they arrive. The best holds schedules of the small-case model on the sim's link
-    hold it so (docs/results-core.md, "The tail waits for its step"). The blocked jobs are the
-    step's: the barrier holds every later token back. The hold lasts until the soonest of them
-    should be ready (:func:`landing_times`), or a message; then the rule is asked again.
+    hold it so (docs/results-core.md, "The tail waits for its step"). It holds only where the head
+    (the group's cost beyond the same jobs one layer down) exceeds that layer cost itself: a merge
+    saves at least the head, and moves at most the group's own layer work to the step's end. So
+    Qwen3.6 and Gemma4 wait at up to 8 ready jobs, gpt-oss and Qwen3-30B at up to 4, Mixtral and
+    OLMoE (small heads beside their layers) never. The blocked jobs are the step's: the barrier
+    holds every later token back. The hold lasts until the soonest of them should be ready
+    (:func:`landing_times`), or a message; then the rule is asked again.
     """
-    behind = [
-        job for job in outlook.blocked if outlook.tail_layer is not None and job.layer < outlook.tail_layer
-    ]
-    if not behind:
+    tail = outlook.tail_layer
+    behind = [job for job in outlook.blocked if tail is not None and job.layer < tail]
+    if not behind or tail is None or tail < 1:
         return None
+    below = outlook.group_s([replace(job, layer=tail - 1) for job in members])
+    if outlook.group_s(members) - below <= below:
+        return None  # a small head: the wait would move more to the step's end than it saves
     landing, _ = landing_times(
         outlook.now, outlook.blocked, outlook.resident, outlook.in_flight, outlook.fetch_s
     )

@@ -192,7 +192,7 @@ class ComputeQueue:
             # a prefill wave before the last reveals its next wave's experts: not a tail group
             tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
             if tail and not outlook.measured:  # the tail waits for its step (tail_waits)
-                until = tail_waits(outlook)
+                until = tail_waits(outlook, members)
                 if until is not None:
                     return Hold(until)
             if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
