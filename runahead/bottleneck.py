@@ -154,8 +154,10 @@ def tail_waits(outlook: Outlook, members: Sequence[Job]) -> float | None:
     (:func:`landing_times`), or a message; then the rule is asked again.
     """
     tail = outlook.tail_layer
-    behind = [job for job in outlook.blocked if tail is not None and job.layer < tail]
-    if not behind or tail is None or tail < 1:
+    if tail is None or tail < 1:
+        return None
+    behind = [job for job in outlook.blocked if job.layer < tail]
+    if not behind:
         return None
     below = outlook.group_s([replace(job, layer=tail - 1) for job in members])
     if outlook.group_s(members) - below <= below:

@@ -399,25 +399,7 @@ def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
         queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)
         queue.add_all([state.jobs[request] for request in state.ready])  # in the order they came
         positions = {r: job.progress for r, job in state.jobs.items()}
-        blocked = model.blocked(state)
-        outlook = None
-        # the scheduler's share: compute so far over the link time of the reads landed so far
-        landed = state.landed.bit_count() * case.fetch_s
-        share = state.compute_busy / landed if landed else 1.0
-        if blocked and may_hold(share):
-            resident, in_flight = model.cache_view(state)
-            outlook = Outlook(
-                state.now,
-                blocked,
-                resident,
-                in_flight,
-                case.fetch_s,
-                case.group_s,
-                share,
-                case.layers - 1,
-                measured=case.measured,
-                lands=None if case.measured else model.landings(state),
-            )
+        outlook = _outlook(model, state)
         choice = queue.plan(positions, lanes, outlook)
         if isinstance(choice, Group):
             model.compute(state, choice.layer)
@@ -427,3 +409,30 @@ def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
         elif not model.wait(state):
             raise RuntimeError(f"nothing ready and nothing to wait for at {state.now}")
     return model.result(state)
+
+
+def _outlook(model: _Model, state: _State) -> Outlook | None:
+    """What the runtime's scheduler would give the rule here (its ``_outlook``): None with nothing
+    blocked, or at a share :func:`may_hold` refuses, the share being compute so far over the link
+    time of the reads landed so far."""
+    blocked = model.blocked(state)
+    if not blocked:
+        return None
+    case = model.case
+    landed = state.landed.bit_count() * case.fetch_s
+    share = state.compute_busy / landed if landed else 1.0
+    if not may_hold(share):
+        return None
+    resident, in_flight = model.cache_view(state)
+    return Outlook(
+        state.now,
+        blocked,
+        resident,
+        in_flight,
+        case.fetch_s,
+        case.group_s,
+        share,
+        case.layers - 1,
+        measured=case.measured,
+        lands=None if case.measured else model.landings(state),
+    )
