@@ -493,36 +493,3 @@ async def test_steps_batched_by_adaptive_grouping_are_left_out_of_what_the_rule_
     assert view is not None
     assert view.compute_share == pytest.approx(2.0)
     assert view.fetch_s == pytest.approx(0.1)
-
-
-def test_a_tail_group_waits_while_a_job_of_its_step_is_behind_it() -> None:
-    # request 0 is ready at the last layer (4), whose output head costs 3 s besides the layer's own
-    # 1.1 s; request 1 is blocked at layer 2 on one read in flight and one not started: the tail
-    # group waits until request 1 should be ready (two reads' time), where the costs are a model
-    # (the scheduler asks only at a share may_hold allows). Measured costs compute it; so does a
-    # step with nobody behind (request 1 blocked at the tail itself: the tail rule, below its share
-    # gate), and a tail whose head costs no more than the layer below (it would save less than it
-    # moves to the step's end)
-    fetch_s = 0.1
-    blocked = [job(1, 2, (0, 1))]
-    view = states(pending={ExpertKey(2, 0)}, wanted={ExpertKey(2, 1)})
-
-    def plan(
-        blocked: list[Job], share: float, measured: bool = False, head: float = 3.0
-    ) -> Group | Hold | None:
-        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
-        queue.add(job(0, 4))
-        layer = shared_plus_per_job(1.0, 0.1)
-
-        def cost(jobs: Sequence[Job]) -> float:
-            return layer(jobs) + (head if jobs[0].layer == 4 else 0.0)
-
-        return queue.plan({}, {}, Outlook(3.0, blocked, *view, fetch_s, cost, share, 4, measured=measured))
-
-    for share in (HOLD_MIN_TAIL_SHARE, 2.0):
-        choice = plan(blocked, share)
-        assert isinstance(choice, Hold) and choice.deadline == pytest.approx(3.0 + 2 * fetch_s)
-    assert isinstance(plan(blocked, 2.0, measured=True), Group)
-    assert isinstance(plan([job(1, 4, (0,))], 0.1), Group)
-    assert isinstance(plan(blocked, 2.0, head=1.1), Group)  # the head no dearer than the layer
-    assert isinstance(plan(blocked, 2.0, head=1.2), Hold)

@@ -1,4 +1,5 @@
-"""The pure hold rule: ``weigh_hold`` on hand-worked cases, ``landing_times``, and the rule's shortcut.
+"""The pure hold rule: ``weigh_hold`` on hand-worked cases, ``landing_times``, the rule's shortcut, and
+the tail that waits for its step (``tail_waits``, through ``ComputeQueue.plan``).
 
 ``weigh_hold`` stops pricing longer waits once a wait's idle leaves less than the best saving found
 (a wait saves at most the ready group's cost): checked against every wait priced, on random cases.
@@ -13,9 +14,19 @@ from groupinghelpers import job, shared_plus_per_job, states
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runahead.bottleneck import HOLD_LINK_SLACK, HoldVerdict, landing_order, landing_times, weigh_hold
+from runahead.bottleneck import (
+    HOLD_LINK_SLACK,
+    HOLD_MIN_TAIL_SHARE,
+    Hold,
+    HoldVerdict,
+    Outlook,
+    landing_order,
+    landing_times,
+    weigh_hold,
+)
 from runahead.costs import CostModel
-from runahead.jobs import ExpertKey, Job
+from runahead.jobs import ExpertKey, Group, Job
+from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 from runahead.specs import load_model_spec, load_profile
 
 
@@ -187,3 +198,36 @@ def test_a_tail_hold_must_not_end_the_layer_later_with_the_rest_counted() -> Non
     ready, a, b = [job(0, 3)], job(1, 3), job(2, 3)
     waiting = [(0.5, a), (3.0, b)]
     assert weigh_hold(0.0, ready, waiting, 0.0, shared_plus_per_job(1.0, 0.1), tail=True).deadline == 0.5
+
+
+def test_a_tail_group_waits_while_a_job_of_its_step_is_behind_it() -> None:
+    # request 0 is ready at the last layer (4), whose output head costs 3 s besides the layer's own
+    # 1.1 s; request 1 is blocked at layer 2 on one read in flight and one not started: the tail
+    # group waits until request 1 should be ready (two reads' time), where the costs are a model
+    # (the scheduler asks only at a share may_hold allows). Measured costs compute it; so does a
+    # step with nobody behind (request 1 blocked at the tail itself: the tail rule, below its share
+    # gate), and a tail whose head costs no more than the layer below (it would save less than it
+    # moves to the step's end)
+    fetch_s = 0.1
+    blocked = [job(1, 2, (0, 1))]
+    view = states(pending={ExpertKey(2, 0)}, wanted={ExpertKey(2, 1)})
+
+    def plan(
+        blocked: list[Job], share: float, measured: bool = False, head: float = 3.0
+    ) -> Group | Hold | None:
+        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
+        queue.add(job(0, 4))
+        layer = shared_plus_per_job(1.0, 0.1)
+
+        def cost(jobs: Sequence[Job]) -> float:
+            return layer(jobs) + (head if jobs[0].layer == 4 else 0.0)
+
+        return queue.plan({}, {}, Outlook(3.0, blocked, *view, fetch_s, cost, share, 4, measured=measured))
+
+    for share in (HOLD_MIN_TAIL_SHARE, 2.0):
+        choice = plan(blocked, share)
+        assert isinstance(choice, Hold) and choice.deadline == pytest.approx(3.0 + 2 * fetch_s)
+    assert isinstance(plan(blocked, 2.0, measured=True), Group)
+    assert isinstance(plan([job(1, 4, (0,))], 0.1), Group)
+    assert isinstance(plan(blocked, 2.0, head=1.1), Group)  # the head no dearer than the layer
+    assert isinstance(plan(blocked, 2.0, head=1.2), Hold)
