@@ -50,6 +50,7 @@ CASES = ((2, None), (4, 8), (4, 12), (8, 6))  # (requests, layers: None for all)
 PILOT_CASES = ((4, None), (8, None))  # too big for the search: the pilot schedule and the floor only
 MAX_NODES = 1_000_000  # a searched case that passes this many decisions shows the pilot and floor only
 MAX_HOLDS_NODES = 20_000_000  # the holds search's (lowest layer first): ~130k at 8 requests, every layer
+REACHED = ("bound", "holds", "pilot", "floor")  # schedules searched or built, as ``bound_row`` names them
 GROUPINGS = {
     "sync": Grouping(static=True),
     "paper": Grouping(),
@@ -58,19 +59,27 @@ GROUPINGS = {
 
 
 def small_case(
-    model: str, profile: str, requests: int, layers: int | None, cache: float, first_link: bool = False
+    model: str,
+    profile: str,
+    requests: int,
+    layers: int | None,
+    cache: float,
+    first_link: bool = False,
+    seed: int = 0,
 ) -> SmallCase:
     """The case on the profile's link as the sim has it (latency, reads in flight), or with
     ``first_link`` on the model's first one (one read at a time, no latency: a bound for any link
-    of that pace)."""
+    of that pace). ``seed``: the synthetic routing's (0 is the bench's); each seed is another step."""
     spec = load_model_spec(model)
     link = load_profile(profile)
     costs = CostModel(spec, link)
     layers = layers or spec.num_layers
-    trace = default_trace(spec, requests, WARMUP + 1, seed=0)
+    trace = default_trace(spec, requests, WARMUP + 1, seed=seed)
     used = Counter(warm_keys(trace, requests, WARMUP))
     resident = frozenset(k for k, _ in used.most_common(cache_slots(spec, cache)) if k.layer < layers)
-    selections = [[[tuple(trace.selections(r)[WARMUP][layer]) for layer in range(layers)]] for r in range(requests)]
+    selections = [
+        [[tuple(trace.selections(r)[WARMUP][layer]) for layer in range(layers)]] for r in range(requests)
+    ]
 
     def group_s(jobs: Sequence[Job]) -> float:
         distinct = len({e for job in jobs for e in job.experts})
@@ -99,8 +108,9 @@ def measure(
     max_holds_nodes: int = MAX_HOLDS_NODES,
     rules_only: bool = False,
     first_link: bool = False,
+    seed: int = 0,
 ) -> dict[str, object]:
-    case = small_case(model, profile, requests, layers, cache, first_link)
+    case = small_case(model, profile, requests, layers, cache, first_link, seed)
     row: dict[str, object] = {
         "model": model,
         "profile": profile,
@@ -108,6 +118,7 @@ def measure(
         "layers": case.layers,
         "cache_fraction": cache,
         "link": "first" if first_link else "sim",
+        "seed": seed,
     }
     return row | bound_row(case, search, max_nodes, max_holds_nodes, rules_only)
 
@@ -126,7 +137,11 @@ def bound_row(
     started = time.perf_counter()
     sync = played["sync"]
     limit = overlap_limit(sync.compute_s, sync.fetch_s)
-    row: dict[str, object] = {"limit": limit, "fetch_ms": sync.fetch_s * 1e3}
+    row: dict[str, object] = {
+        "limit": limit,
+        "fetch_ms": sync.fetch_s * 1e3,
+        "sync_compute_ms": sync.compute_s * 1e3,
+    }
     if rules_only:
         return row | {"search_s": 0.0} | played_rows(played, {}, limit)
     pilot = pilot_schedule(case, GROUPINGS["bottleneck"])
@@ -157,23 +172,51 @@ def bound_row(
 def played_rows(played: dict[str, Schedule], reached: dict[str, float], limit: float) -> dict[str, object]:
     """The fields of the schedules reached (makespans by name) and of the groupings played through the
     model: makespans, speedups over sync, shares of the limit's gain and of each reached schedule's."""
+    row = share_rows({name: schedule.makespan for name, schedule in played.items()}, reached, limit)
+    for name, schedule in played.items():
+        row[f"{name}_compute_ms"] = schedule.compute_s * 1e3
+    return row
+
+
+def share_rows(played: dict[str, float], reached: dict[str, float], limit: float) -> dict[str, object]:
+    """Makespans (seconds, by name; ``played`` holds ``sync``'s), speedups over sync, shares of the
+    limit's gain, and each played grouping's share of each reached schedule's gain."""
     sync = played["sync"]
     row: dict[str, object] = {}
     for name, makespan in reached.items():
-        x = sync.makespan / makespan
+        x = sync / makespan
         row[f"{name}_ms"] = makespan * 1e3
         row[f"{name}_x"] = x
         row[f"{name}_share_of_limit"] = (x - 1) / (limit - 1)
-    for name, schedule in played.items():
-        x = sync.makespan / schedule.makespan
-        row[f"{name}_ms"] = schedule.makespan * 1e3
-        row[f"{name}_compute_ms"] = schedule.compute_s * 1e3
+    for name, makespan in played.items():
+        x = sync / makespan
+        row[f"{name}_ms"] = makespan * 1e3
         row[f"{name}_x"] = x
         row[f"{name}_share_of_limit"] = (x - 1) / (limit - 1)
         for of in reached:
             gain = row[f"{of}_x"] - 1  # type: ignore[operator]
             row[f"{name}_share_of_{of}"] = (x - 1) / gain if gain > 0 else 1.0
     return row
+
+
+def pooled_row(rows: Sequence[dict[str, object]]) -> dict[str, object]:
+    """One case's rows over several seeds (steps) as one run of those steps: every schedule's makespans
+    summed, the limit of sync's summed compute and link time; a reached schedule only where every
+    seed reached it (the bound where each was searched to the end)."""
+    first = rows[0]
+    total = {
+        key: sum(row[key] for row in rows)
+        for key in first
+        if key.endswith("_ms") and all(key in row for row in rows)
+    }
+    limit = overlap_limit(total["sync_compute_ms"], total["fetch_ms"])
+    played = {name: total[f"{name}_ms"] / 1e3 for name in GROUPINGS}
+    reached = {name: total[f"{name}_ms"] / 1e3 for name in REACHED if f"{name}_ms" in total}
+    keep = ("model", "profile", "requests", "layers", "cache_fraction", "link")
+    pooled: dict[str, object] = {key: first[key] for key in keep} | {"seed": "pooled", "seeds": len(rows)}
+    pooled |= {"limit": limit, "fetch_ms": total["fetch_ms"], "sync_compute_ms": total["sync_compute_ms"]}
+    pooled["search_s"] = sum(row["search_s"] for row in rows)  # type: ignore[misc]
+    return pooled | share_rows(played, reached, limit)
 
 
 def _makespan(schedule: Schedule) -> float:
@@ -186,12 +229,27 @@ def parse_case(text: str) -> tuple[int, int | None]:
     try:
         return int(requests), None if layers == "all" else int(layers)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a case is REQUESTS:LAYERS (e.g. 8:12 or 8:all), not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"a case is REQUESTS:LAYERS (e.g. 8:12 or 8:all), not {text!r}"
+        ) from None
 
 
 def share(row: dict[str, object], key: str) -> str:
     value = row.get(key)
     return f"{value:5.0%}" if isinstance(value, float) else f"{'-':>5}"
+
+
+def print_row(r: dict[str, object], model: str, profile: str, requests: int) -> None:
+    limit_shares = " ".join(
+        share(r, f"{name}_share_of_limit")
+        for name in ("bound", "holds", "pilot", "floor", "paper", "bottleneck")
+    )
+    new_shares = " ".join(share(r, f"bottleneck_share_of_{of}") for of in REACHED)
+    print(
+        f"{model:<16} {profile:<9} {requests:>3} {r['layers']:>3} {r['seed']!s:>6} {r['limit']:5.2f} | "
+        f"{'':>16} {limit_shares} | {'':>16} {new_shares} | {r['search_s']:5.1f}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -209,7 +267,9 @@ def main() -> None:
     )
     parser.add_argument("--model", action="append", help="only this paper model (default: both)")
     parser.add_argument("--profile", action="append", help="only this profile (default: both)")
-    parser.add_argument("--max-nodes", type=int, default=MAX_NODES, help="give up a search after this many decisions")
+    parser.add_argument(
+        "--max-nodes", type=int, default=MAX_NODES, help="give up a search after this many decisions"
+    )
     parser.add_argument(
         "--max-holds-nodes",
         type=int,
@@ -226,12 +286,20 @@ def main() -> None:
         action="store_true",
         help="the model's first link (one read at a time, no latency) instead of the profile's as the sim has it",
     )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="this many steps of routing (seeds 0..N-1) per case, then one row pooling them (default 1)",
+    )
     args = parser.parse_args()
+    if args.seeds < 1:
+        parser.error(f"--seeds needs at least 1 step, got {args.seeds}")
     cases = args.case or CASES + PILOT_CASES
     searched = set(args.case or CASES)
     rows = []
     print(
-        f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'limit':>5} | share of limit: {'bound':>5} "
+        f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'seed':>6} {'limit':>5} | share of limit: {'bound':>5} "
         f"{'holds':>5} {'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | new's share of: {'bound':>5} "
         f"{'holds':>5} {'pilot':>5} {'floor':>5} | {'s':>5}"
     )
@@ -241,31 +309,25 @@ def main() -> None:
                 if args.requests and requests not in args.requests:
                     continue
                 search = (requests, layers) in searched
-                r = measure(
-                    model,
-                    profile,
-                    requests,
-                    layers,
-                    args.cache_fraction,
-                    search,
-                    args.max_nodes,
-                    args.max_holds_nodes,
-                    args.rules_only,
-                    args.first_link,
-                )
-                rows.append(r)
-                limit_shares = " ".join(
-                    share(r, f"{name}_share_of_limit")
-                    for name in ("bound", "holds", "pilot", "floor", "paper", "bottleneck")
-                )
-                new_shares = " ".join(
-                    share(r, f"bottleneck_share_of_{of}") for of in ("bound", "holds", "pilot", "floor")
-                )
-                print(
-                    f"{model:<16} {profile:<9} {requests:>3} {r['layers']:>3} {r['limit']:5.2f} | {'':>16} "
-                    f"{limit_shares} | {'':>16} {new_shares} | {r['search_s']:5.1f}",
-                    flush=True,
-                )
+                seeded = [
+                    measure(
+                        model,
+                        profile,
+                        requests,
+                        layers,
+                        args.cache_fraction,
+                        search,
+                        args.max_nodes,
+                        args.max_holds_nodes,
+                        args.rules_only,
+                        args.first_link,
+                        seed,
+                    )
+                    for seed in range(args.seeds)
+                ]
+                for r in seeded + ([pooled_row(seeded)] if args.seeds > 1 else []):
+                    rows.append(r)
+                    print_row(r, model, profile, requests)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
