@@ -2,6 +2,7 @@
 
     python bench/grouping_bound.py [--requests 2] [--out bench/results/grouping-bound.json]
     python bench/grouping_bound.py --case 8:8 --model qwen3.6-35b-a3b --profile thor --max-nodes 3000000
+    python bench/grouping_bound.py --requests 2 --requests 4 --seeds 6 --out DIR/seeds6-2-4.json
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
 step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first), on
@@ -21,7 +22,8 @@ Printed per case: sync's overlap limit ``(C + F) / max(C, F)``; the share of the
 the bound, the best holds schedule, the pilot schedule, the floor, the paper's grouping and the new
 one; and the new one's share of the bound's, the holds', the pilot's and the floor's gains. The
 truth for a case lies between the shorter of the holds and pilot schedules (or the bound, where
-searched) and the floor.
+searched) and the floor. One step's figures move by several points from step to step: ``--seeds N``
+plays each case over N steps of the routing (seeds 0..N-1) and adds a row pooling them as one run.
 """
 
 from __future__ import annotations
