@@ -294,6 +294,12 @@ def main() -> None:
         default=1,
         help="this many steps of routing (seeds 0..N-1) per case, then one row pooling them (default 1)",
     )
+    parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first step's seed (with --seeds N: seeds K..K+N-1), to split a long run over processes",
+    )
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds needs at least 1 step, got {args.seeds}")
@@ -311,28 +317,36 @@ def main() -> None:
                 if args.requests and requests not in args.requests:
                     continue
                 search = (requests, layers) in searched
-                seeded = [
-                    measure(
-                        model,
-                        profile,
-                        requests,
-                        layers,
-                        args.cache_fraction,
-                        search,
-                        args.max_nodes,
-                        args.max_holds_nodes,
-                        args.rules_only,
-                        args.first_link,
-                        seed,
+                seeded = []
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
+                    seeded.append(
+                        measure(
+                            model,
+                            profile,
+                            requests,
+                            layers,
+                            args.cache_fraction,
+                            search,
+                            args.max_nodes,
+                            args.max_holds_nodes,
+                            args.rules_only,
+                            args.first_link,
+                            seed,
+                        )
                     )
-                    for seed in range(args.seeds)
-                ]
-                for r in seeded + ([pooled_row(seeded)] if args.seeds > 1 else []):
-                    rows.append(r)
-                    print_row(r, model, profile, requests)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+                    rows.append(seeded[-1])
+                    print_row(seeded[-1], model, profile, requests)
+                    write_rows(args.out, rows)  # after every step: a long run stopped keeps what it found
+                if args.seeds > 1:
+                    rows.append(pooled_row(seeded))
+                    print_row(rows[-1], model, profile, requests)
+    write_rows(args.out, rows)
+
+
+def write_rows(out: Path | None, rows: list[dict[str, object]]) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
