@@ -3,6 +3,8 @@
     python bench/grouping_bound.py [--requests 2] [--out bench/results/grouping-bound.json]
     python bench/grouping_bound.py --case 8:8 --model qwen3.6-35b-a3b --profile thor --max-nodes 3000000
     python bench/grouping_bound.py --requests 2 --requests 4 --seeds 6 --out DIR/seeds6-2-4.json
+    python bench/grouping_bound.py --case 8:all --max-nodes 1 --seeds 4 --first-seed 2 --out DIR/b.json
+    python bench/grouping_bound.py --pool DIR/a.json DIR/b.json --out DIR/pooled.json
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
 step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first), on
@@ -23,7 +25,9 @@ the bound, the best holds schedule, the pilot schedule, the floor, the paper's g
 one; and the new one's share of the bound's, the holds', the pilot's and the floor's gains. The
 truth for a case lies between the shorter of the holds and pilot schedules (or the bound, where
 searched) and the floor. One step's figures move by several points from step to step: ``--seeds N``
-plays each case over N steps of the routing (seeds 0..N-1) and adds a row pooling them as one run.
+plays each case over N steps of the routing (seeds 0..N-1) and adds a row pooling them as one run;
+``--first-seed`` and ``--pool`` split such a run over processes and pool their files afterwards
+(``--max-nodes 1`` skips a case's exact search: the holds and pilot schedules and the floor only).
 """
 
 from __future__ import annotations
@@ -241,6 +245,14 @@ def share(row: dict[str, object], key: str) -> str:
     return f"{value:5.0%}" if isinstance(value, float) else f"{'-':>5}"
 
 
+def print_header() -> None:
+    print(
+        f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'seed':>6} {'limit':>5} | share of limit: {'bound':>5} "
+        f"{'holds':>5} {'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | new's share of: {'bound':>5} "
+        f"{'holds':>5} {'pilot':>5} {'floor':>5} | {'s':>5}"
+    )
+
+
 def print_row(r: dict[str, object], model: str, profile: str, requests: int) -> None:
     limit_shares = " ".join(
         share(r, f"{name}_share_of_limit")
@@ -295,6 +307,12 @@ def main() -> None:
         help="this many steps of routing (seeds 0..N-1) per case, then one row pooling them (default 1)",
     )
     parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        help="instead of searching: these files' rows (of runs split by --first-seed), pooled per case",
+    )
+    parser.add_argument(
         "--first-seed",
         type=int,
         default=0,
@@ -303,14 +321,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds needs at least 1 step, got {args.seeds}")
+    if args.pool:
+        pool_files(args.pool, args.out)
+        return
     cases = args.case or CASES + PILOT_CASES
     searched = set(args.case or CASES)
     rows = []
-    print(
-        f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'seed':>6} {'limit':>5} | share of limit: {'bound':>5} "
-        f"{'holds':>5} {'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | new's share of: {'bound':>5} "
-        f"{'holds':>5} {'pilot':>5} {'floor':>5} | {'s':>5}"
-    )
+    print_header()
     for profile in args.profile or ("thor", "mac-mini"):
         for model in args.model or ("qwen3.6-35b-a3b", "gemma4-26b-a4b"):
             for requests, layers in cases:
@@ -341,6 +358,27 @@ def main() -> None:
                     rows.append(pooled_row(seeded))
                     print_row(rows[-1], model, profile, requests)
     write_rows(args.out, rows)
+
+
+def pool_files(files: Sequence[Path], out: Path | None) -> None:
+    """Every case's rows from ``files`` (one row a seed; pooled rows there are left out), each seed
+    once, and one row pooling them, printed and written to ``out``."""
+    cases: dict[tuple[object, ...], dict[object, dict[str, object]]] = {}
+    for path in files:
+        for row in json.loads(path.read_text()):
+            if row.get("seed", 0) != "pooled":
+                key = tuple(
+                    row[k] for k in ("model", "profile", "requests", "layers", "cache_fraction", "link")
+                )
+                cases.setdefault(key, {}).setdefault(row.get("seed", 0), row)
+    rows: list[dict[str, object]] = []
+    print_header()
+    for (model, profile, requests, *_), seeded in cases.items():
+        ordered = [seeded[seed] for seed in sorted(seeded, key=str)]
+        for row in [*ordered, pooled_row(ordered)] if len(ordered) > 1 else ordered:
+            rows.append(row)
+            print_row(row, str(model), str(profile), int(requests))  # type: ignore[call-overload]
+    write_rows(out, rows)
 
 
 def write_rows(out: Path | None, rows: list[dict[str, object]]) -> None:
