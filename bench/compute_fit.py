@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from grouping_bound import bound_row  # bench/ is this script's folder: its sys.path[0]
+from grouping_bound import bound_row, summed_ms  # bench/ is this script's folder: its sys.path[0]
 
 from runahead.actors.scheduler import ComputeScheduler
 from runahead.bottleneck import ComputeFit
@@ -191,7 +191,9 @@ def report() -> None:
         x = np.array([[1.0, j] for j, _, _ in kind_rows])
         (shared, per_job), *_ = np.linalg.lstsq(x, np.array([t for *_, t in kind_rows]), rcond=None)
         shared_ms, per_job_ms = shared * 1e3, per_job * 1e3
-        print(f"  {group:>6} ({len(kind_rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job")
+        print(
+            f"  {group:>6} ({len(kind_rows)} groups): {shared_ms:.2f} ms shared + {per_job_ms:.2f} ms per job"
+        )
         if group in ("middle", "last"):
             x = np.array([[1.0, d] for _, d, _ in kind_rows])
             (shared, per_expert), *_ = np.linalg.lstsq(x, np.array([t for *_, t in kind_rows]), rcond=None)
@@ -225,7 +227,9 @@ def measured_rounds(
         for job in group.jobs:
             rounds.setdefault(job.epoch, {}).setdefault(job.layer, []).append(job)
     whole = sorted(
-        epoch for epoch, levels in rounds.items() if all(len(jobs) == sync["concurrency"] for jobs in levels.values())
+        epoch
+        for epoch, levels in rounds.items()
+        if all(len(jobs) == sync["concurrency"] for jobs in levels.values())
     )
     return fit, rounds, whole[-sync["steps"] :]
 
@@ -320,7 +324,9 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
             [[_experts(rounds[epoch][layer], request) for layer in range(layers)] for epoch in epochs]
             for request in requests
         ]
-        needed = {key for epoch in epochs for jobs in rounds[epoch].values() for job in jobs for key in job.keys}
+        needed = {
+            key for epoch in epochs for jobs in rounds[epoch].values() for job in jobs for key in job.keys
+        }
         cases.append((epochs, selections, resident, len(needed - resident)))
     # a read's link time such that the model's sync keeps the link as busy a round as the run's sync did
     fetch_s = sync["fetch_s"] * len(cases) * window / sum(reads for *_, reads in cases)
@@ -329,21 +335,14 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
         f"{fetch_s * 1e3:.2f} ms a read (the run's sync: {sync['fetch_s'] / sync['fetches_per_step'] * 1e3:.2f}), "
         f"{sync['cache_slots']} slots"
     )
-    summed_keys = ("sync_compute_ms", "bottleneck_compute_ms", "bound_compute_ms", "fetch_ms")
-    summed_keys += tuple(f"{name}_ms" for name in BOUND_SCHEDULES)
-    totals: dict[str, float] = {}  # milliseconds, summed over the cases
-    searched = 0  # cases whose exact search ended
+    case_rows = []
     for epochs, selections, resident, _ in cases:
         case = SmallCase(selections, resident, fetch_s, fit, measured=True)  # the rule as torch plays it
         row = bound_row(case, search=True, max_nodes=max_nodes)
-        for key in summed_keys:
-            if key in row:
-                totals[key] = totals.get(key, 0.0) + row[key]  # type: ignore[operator]
-        searched += "bound_ms" in row
+        case_rows.append(row)
         shares = " ".join(f"{name} {_share(row, name)}" for name in BOUND_SCHEDULES[1:])
         print(f"  rounds {epochs[0]}-{epochs[-1]}: limit {row['limit']:.2f}; share of its gain: {shares}")
-    if searched < len(cases):
-        totals.pop("bound_ms", None)  # a sum over some cases only is no bound
+    totals = summed_ms(case_rows)  # milliseconds over the cases; the bound only if every search ended
     limit = overlap_limit(totals["sync_compute_ms"], totals["fetch_ms"])
     summed = {"limit": limit} | {
         f"{name}_share_of_limit": (totals["sync_ms"] / totals[f"{name}_ms"] - 1) / (limit - 1)
@@ -383,14 +382,21 @@ def report_bound(out: str, window: int, windows: int, max_nodes: int) -> None:
         if row["policy"] != "sync":
             x = row["tokens_per_s"] / sync["tokens_per_s"]
             share, of_best = (x - 1) / (measured_limit - 1), row["step_time_s"] / best_round
-            runs.append({"policy": row["policy"], "x_sync": x, "share_of_limit": share, "step_of_best": of_best})
+            runs.append(
+                {"policy": row["policy"], "x_sync": x, "share_of_limit": share, "step_of_best": of_best}
+            )
             print(
                 f"  measured {row['policy']}: {x:.2f}x sync, {share:.0%} of the measured limit's gain "
                 f"({measured_limit:.2f}); its step {of_best:.2f}x the model's {best} round"
             )
     model_rounds = {key.removesuffix("_ms"): value / steps for key, value in totals.items()}
     summary = {"window": window, "cases": len(cases), "fetch_s": fetch_s, "best": best}
-    summary |= {"model": summed, "model_round_ms": model_rounds, "measured_limit": measured_limit, "runs": runs}
+    summary |= {
+        "model": summed,
+        "model_round_ms": model_rounds,
+        "measured_limit": measured_limit,
+        "runs": runs,
+    }
     Path(out, "bound.json").write_text(json.dumps(summary, indent=1) + "\n")
 
 

@@ -205,16 +205,22 @@ def share_rows(played: dict[str, float], reached: dict[str, float], limit: float
     return row
 
 
+def summed_ms(rows: Sequence[dict[str, object]]) -> dict[str, float]:
+    """Every ``*_ms`` field that all ``rows`` have, summed: a schedule only where every row reached it
+    (the bound only where each search finished)."""
+    return {
+        key: sum(row[key] for row in rows)  # type: ignore[misc]
+        for key in rows[0]
+        if key.endswith("_ms") and all(key in row for row in rows)
+    }
+
+
 def pooled_row(rows: Sequence[dict[str, object]]) -> dict[str, object]:
     """One case's rows over several seeds (steps) as one run of those steps: every schedule's makespans
     summed, the limit of sync's summed compute and link time; a reached schedule only where every
     seed reached it (the bound where each was searched to the end)."""
     first = rows[0]
-    total = {
-        key: sum(row[key] for row in rows)
-        for key in first
-        if key.endswith("_ms") and all(key in row for row in rows)
-    }
+    total = summed_ms(rows)
     limit = overlap_limit(total["sync_compute_ms"], total["fetch_ms"])
     played = {name: total[f"{name}_ms"] / 1e3 for name in GROUPINGS}
     reached = {name: total[f"{name}_ms"] / 1e3 for name in REACHED if f"{name}_ms" in total}
@@ -374,7 +380,7 @@ def pool_files(files: Sequence[Path], out: Path | None) -> None:
     rows: list[dict[str, object]] = []
     print_header()
     for (model, profile, requests, *_), seeded in cases.items():
-        ordered = [seeded[seed] for seed in sorted(seeded, key=str)]
+        ordered = [seeded[seed] for seed in sorted(seeded)]
         for row in [*ordered, pooled_row(ordered)] if len(ordered) > 1 else ordered:
             rows.append(row)
             print_row(row, str(model), str(profile), int(requests))  # type: ignore[call-overload]
