@@ -7,27 +7,32 @@
     python bench/grouping_bound.py --pool DIR/a.json DIR/b.json --out DIR/pooled.json
 
 For each paper model on each profile: the sim's synthetic routing (seed 0, the bench's), one decode
-step after 8 warm-up steps whose experts fill the cache (30% of all experts, most used first), on
-the profile's link as the sim has it (its read latency, its reads in flight; the model then plays
-each grouping as the sim does, tests/test_bound.py) or with ``--first-link`` on the model's first
-link (one read at a time, no latency). Searched exactly (:func:`runahead.bound_search.best_schedule`, seeded with the shorter of the pilot
-schedule and the best holds schedule): 2 requests over every layer, 4 over the first 8 and 12
-layers, 8 over the first 6 (a case that passes ``MAX_NODES`` decisions is left unsearched). For
-every case, 4 and 8 requests over every layer included: the pilot schedule
-(:func:`runahead.bound.pilot_schedule`: a schedule reachable without prediction, at least as short
-as the bottleneck rule's), the best holds schedule (:func:`runahead.bound_search.best_holds`: groups
-computed lowest layer first, as the rules here compute them, every decision to wait searched
-exactly; seconds even at 8 requests over every layer) and the overlap relaxation's floor
-(:func:`runahead.relaxation.case_floor`: no schedule is shorter). Sync, the paper's grouping and
-the bottleneck-aware one are played through the same model (:func:`runahead.bound.run_policy`).
-Printed per case: sync's overlap limit ``(C + F) / max(C, F)``; the share of the limit's gain of
-the bound, the best holds schedule, the pilot schedule, the floor, the paper's grouping and the new
-one; and the new one's share of the bound's, the holds', the pilot's and the floor's gains. The
-truth for a case lies between the shorter of the holds and pilot schedules (or the bound, where
-searched) and the floor. One step's figures move by several points from step to step: ``--seeds N``
-plays each case over N steps of the routing (seeds 0..N-1) and adds a row pooling them as one run;
-``--first-seed`` and ``--pool`` split such a run over processes and pool their files afterwards
-(``--max-nodes 1`` skips a case's exact search: the holds and pilot schedules and the floor only).
+step after ``--warmup`` steps (default 64) whose experts fill the cache (30% of all experts, most
+used first: what the sim's LFU cache holds once it has settled, so a step reads as many experts as
+the sim's steady state does; after the 8 warm-up steps of the rows before the 43rd session a step
+read up to 60% more), on the profile's link as the sim has it (its read latency, its reads in
+flight; the model then plays each grouping as the sim does, tests/test_bound.py) or with
+``--first-link`` on the model's first link (one read at a time, no latency). Searched exactly
+(:func:`runahead.bound_search.best_schedule`, seeded with the shorter of the pilot schedule and the
+best holds schedule): 2 requests over every layer, 4 over the first 8 and 12 layers, 8 over the
+first 6 (a case that passes ``MAX_NODES`` decisions is left unsearched). For every case, 4 and 8
+requests over every layer included: the pilot schedule (:func:`runahead.bound.pilot_schedule`: a
+schedule reachable without prediction, at least as short as the bottleneck rule's), the best holds
+schedule (:func:`runahead.bound_search.best_holds`: groups computed lowest layer first, as the rules
+here compute them, every decision to wait searched exactly; seconds even at 8 requests over every
+layer) and the overlap relaxation's floor (:func:`runahead.relaxation.case_floor`: no schedule is
+shorter). Sync, the paper's grouping and the bottleneck-aware one are played through the same model
+(:func:`runahead.bound.run_policy`). Printed per case: sync's overlap limit ``(C + F) / max(C, F)``,
+``F`` its link time as the sim's rows count it (each read from its issue to its landing:
+:func:`runahead.bound.sync_link_s`; the rows before the 43rd session took the transfers alone, so
+their shares of the limit are not the sim's); the share of the limit's gain of the bound, the best
+holds schedule, the pilot schedule, the floor, the paper's grouping and the new one; and the new
+one's share of the bound's, the holds', the pilot's and the floor's gains. The truth for a case lies
+between the shorter of the holds and pilot schedules (or the bound, where searched) and the floor.
+One step's figures move by several points from step to step: ``--seeds N`` plays each case over N
+steps of the routing (seeds 0..N-1) and adds a row pooling them as one run; ``--first-seed`` and
+``--pool`` split such a run over processes and pool their files afterwards (``--max-nodes 1`` skips
+a case's exact search: the holds and pilot schedules and the floor only).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runahead.bench import cache_slots, warm_keys
-from runahead.bound import Schedule, SmallCase, pilot_schedule, run_policy
+from runahead.bound import Schedule, SmallCase, pilot_schedule, run_policy, sync_link_s
 from runahead.bound_search import best_holds, best_schedule
 from runahead.costs import CostModel
 from runahead.jobs import Job
@@ -50,7 +55,7 @@ from runahead.scheduling import Grouping
 from runahead.specs import load_model_spec, load_profile
 from runahead.synthetic import default_trace
 
-WARMUP = 8
+WARMUP = 64  # steps of routing whose most used experts are resident (8 in the rows before the 43rd session)
 CONTEXT = 200  # tokens of context each job's attention reads (a chat prompt's order of magnitude)
 CASES = ((2, None), (4, 8), (4, 12), (8, 6))  # (requests, layers: None for all): searched exactly
 PILOT_CASES = ((4, None), (8, None))  # too big for the search: the pilot schedule and the floor only
@@ -72,19 +77,21 @@ def small_case(
     cache: float,
     first_link: bool = False,
     seed: int = 0,
+    warmup: int = WARMUP,
 ) -> SmallCase:
     """The case on the profile's link as the sim has it (latency, reads in flight), or with
     ``first_link`` on the model's first one (one read at a time, no latency: a bound for any link
-    of that pace). ``seed``: the synthetic routing's (0 is the bench's); each seed is another step."""
+    of that pace). ``seed``: the synthetic routing's (0 is the bench's); each seed is another step.
+    ``warmup``: the steps before it whose most used experts are resident (the cache it finds)."""
     spec = load_model_spec(model)
     link = load_profile(profile)
     costs = CostModel(spec, link)
     layers = layers or spec.num_layers
-    trace = default_trace(spec, requests, WARMUP + 1, seed=seed)
-    used = Counter(warm_keys(trace, requests, WARMUP))
+    trace = default_trace(spec, requests, warmup + 1, seed=seed)
+    used = Counter(warm_keys(trace, requests, warmup))
     resident = frozenset(k for k, _ in used.most_common(cache_slots(spec, cache)) if k.layer < layers)
     selections = [
-        [[tuple(trace.selections(r)[WARMUP][layer]) for layer in range(layers)]] for r in range(requests)
+        [[tuple(trace.selections(r)[warmup][layer]) for layer in range(layers)]] for r in range(requests)
     ]
 
     def group_s(jobs: Sequence[Job]) -> float:
@@ -115,8 +122,9 @@ def measure(
     rules_only: bool = False,
     first_link: bool = False,
     seed: int = 0,
+    warmup: int = WARMUP,
 ) -> dict[str, object]:
-    case = small_case(model, profile, requests, layers, cache, first_link, seed)
+    case = small_case(model, profile, requests, layers, cache, first_link, seed, warmup)
     row: dict[str, object] = {
         "model": model,
         "profile": profile,
@@ -125,6 +133,7 @@ def measure(
         "cache_fraction": cache,
         "link": "first" if first_link else "sim",
         "seed": seed,
+        "warmup": warmup,
     }
     return row | bound_row(case, search, max_nodes, max_holds_nodes, rules_only)
 
@@ -142,10 +151,12 @@ def bound_row(
     played = {name: run_policy(case, grouping) for name, grouping in GROUPINGS.items()}
     started = time.perf_counter()
     sync = played["sync"]
-    limit = overlap_limit(sync.compute_s, sync.fetch_s)
+    link = sync_link_s(sync)  # as the sim's rows count it (the rows before the 43rd session: transfers alone)
+    limit = overlap_limit(sync.compute_s, link)
     row: dict[str, object] = {
         "limit": limit,
-        "fetch_ms": sync.fetch_s * 1e3,
+        "fetch_ms": link * 1e3,
+        "transfer_ms": sync.fetch_s * 1e3,
         "sync_compute_ms": sync.compute_s * 1e3,
     }
     if rules_only:
@@ -225,10 +236,16 @@ def pooled_row(rows: Sequence[dict[str, object]]) -> dict[str, object]:
     played = {name: total[f"{name}_ms"] / 1e3 for name in GROUPINGS}
     reached = {name: total[f"{name}_ms"] / 1e3 for name in REACHED if f"{name}_ms" in total}
     keep = ("model", "profile", "requests", "layers", "cache_fraction", "link")
-    pooled: dict[str, object] = {key: first[key] for key in keep} | {"seed": "pooled", "seeds": len(rows)}
+    pooled: dict[str, object] = {key: first[key] for key in keep} | {"warmup": case_warmup(first)}
+    pooled |= {"seed": "pooled", "seeds": len(rows)}
     pooled |= {"limit": limit, "fetch_ms": total["fetch_ms"], "sync_compute_ms": total["sync_compute_ms"]}
     pooled["search_s"] = sum(row["search_s"] for row in rows)  # type: ignore[misc]
     return pooled | share_rows(played, reached, limit)
+
+
+def case_warmup(row: dict[str, object]) -> object:
+    """The warm-up steps a row's case was built after (rows written before the 43rd session have none: 8)."""
+    return row.get("warmup", 8)
 
 
 def _makespan(schedule: Schedule) -> float:
@@ -253,9 +270,9 @@ def share(row: dict[str, object], key: str) -> str:
 
 def print_header() -> None:
     print(
-        f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'seed':>6} {'limit':>5} | share of limit: {'bound':>5} "
-        f"{'holds':>5} {'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | new's share of: {'bound':>5} "
-        f"{'holds':>5} {'pilot':>5} {'floor':>5} | {'s':>5}"
+        f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'seed':>6} {'limit':>5} | "
+        f"share of limit: {'bound':>5} {'holds':>5} {'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | "
+        f"new's share of: {'bound':>5} {'holds':>5} {'pilot':>5} {'floor':>5} | {'s':>5}"
     )
 
 
@@ -304,7 +321,7 @@ def main() -> None:
     parser.add_argument(
         "--first-link",
         action="store_true",
-        help="the model's first link (one read at a time, no latency) instead of the profile's as the sim has it",
+        help="the model's first link (one read at a time, no latency), not the profile's as the sim has it",
     )
     parser.add_argument(
         "--seeds",
@@ -324,7 +341,16 @@ def main() -> None:
         default=0,
         help="the first step's seed (with --seeds N: seeds K..K+N-1), to split a long run over processes",
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP,
+        help=f"steps of routing whose most used experts are resident before the step (default {WARMUP}; "
+        "8: the cache of the rows written before the 43rd session)",
+    )
     args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error(f"--warmup needs at least 1 step, got {args.warmup}")
     if args.seeds < 1:
         parser.error(f"--seeds needs at least 1 step, got {args.seeds}")
     if args.pool:
@@ -355,6 +381,7 @@ def main() -> None:
                             args.rules_only,
                             args.first_link,
                             seed,
+                            args.warmup,
                         )
                     )
                     rows.append(seeded[-1])
@@ -373,9 +400,8 @@ def pool_files(files: Sequence[Path], out: Path | None) -> None:
     for path in files:
         for row in json.loads(path.read_text()):
             if row.get("seed", 0) != "pooled":
-                key = tuple(
-                    row[k] for k in ("model", "profile", "requests", "layers", "cache_fraction", "link")
-                )
+                case = ("model", "profile", "requests", "layers", "cache_fraction", "link")
+                key = (*(row[k] for k in case), case_warmup(row))
                 cases.setdefault(key, {}).setdefault(row.get("seed", 0), row)
     rows: list[dict[str, object]] = []
     print_header()

@@ -140,8 +140,22 @@ class Schedule:
     makespan: float
     compute_s: float
     fetch_s: float
+    """The link's transfer time: reads times the case's ``fetch_s`` (no latency)."""
     groups: tuple[tuple[float, int, tuple[int, ...]], ...]
     explored: int = 0
+
+
+def sync_link_s(sync: Schedule) -> float:
+    """The link time of sync's schedule as the sim's rows count it: the union of its reads' spans,
+    each from its issue to its landing, latency included (:func:`runahead.metrics.summarize`).
+
+    Sync computes every request's job of a layer as one group, so it never computes while a read
+    is in flight, and never idles with none in flight: that union is its makespan less its compute.
+    The overlap limit of the issues and figures is ``(compute + this) / max(compute, this)``
+    (:func:`runahead.metrics.overlap_limit`); with ``fetch_s`` (transfers alone) instead, a
+    schedule's speedup, which does pay the latency, could pass the limit.
+    """
+    return sync.makespan - sync.compute_s
 
 
 class _Model:

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import pytest
 
 from runahead.backends.sim import FixedCosts
-from runahead.bound import SmallCase, _Model, _State, pilot_schedule, run_policy
+from runahead.bound import SmallCase, _Model, _State, pilot_schedule, run_policy, sync_link_s
 from runahead.bound_search import _SearchModel, best_holds, best_schedule
 from runahead.jobs import ExpertKey, Job, RequestSpec
+from runahead.metrics import total, union
 from runahead.scheduling import Grouping
 
 from boundhelpers import one_layer_case, three_request_case, traced_case
@@ -205,4 +206,8 @@ def test_the_model_plays_each_grouping_as_the_sim_runs_it(seed: int) -> None:
         )
         assert runtime.cache.stats.evictions == 0
         makespan = max(t for _, _, t in runtime.recorder.tokens)
-        assert run_policy(case, grouping).makespan == pytest.approx(makespan, abs=1e-9), policy
+        played = run_policy(case, grouping)
+        assert played.makespan == pytest.approx(makespan, abs=1e-9), policy
+        if policy == "sync":  # the link time the sim's row counts, from which the limit comes
+            link = total(union([(f.start, f.end) for f in runtime.recorder.fetches]))
+            assert sync_link_s(played) == pytest.approx(link, abs=1e-9)
