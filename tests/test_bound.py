@@ -8,12 +8,14 @@ from collections.abc import Sequence
 import pytest
 
 from runahead.backends.sim import FixedCosts
+from runahead.bench import BenchPoint, run_point
 from runahead.bound import SmallCase, _Model, _State, pilot_schedule, run_policy, sync_link_s
 from runahead.bound_search import _SearchModel, best_holds, best_schedule
 from runahead.jobs import ExpertKey, Job, RequestSpec
 from runahead.metrics import total, union
 from runahead.scheduling import Grouping
 
+from benchhelpers import load_bench_script
 from boundhelpers import one_layer_case, three_request_case, traced_case
 from simhelpers import random_trace, simulate
 
@@ -211,3 +213,23 @@ def test_the_model_plays_each_grouping_as_the_sim_runs_it(seed: int) -> None:
         if policy == "sync":  # the link time the sim's row counts, from which the limit comes
             link = total(union([(f.start, f.end) for f in runtime.recorder.fetches]))
             assert sync_link_s(played) == pytest.approx(link, abs=1e-9)
+
+
+def test_the_small_case_reads_as_many_experts_as_the_sims_steady_state() -> None:
+    # bench/grouping_bound.py judges the rule where the sim's figures are measured: its case's cache
+    # (the warm-up's most used experts) leaves a step as many reads as a long sim run averages;
+    # after 8 warm-up steps (the rows before the 43rd session) a step read a third more
+    bound = load_bench_script("grouping_bound")
+    model, profile, requests = "qwen3.6-35b-a3b", "thor", 4
+
+    def reads(warmup: int) -> float:
+        cases = [
+            bound.small_case(model, profile, requests, None, 0.3, seed, warmup=warmup) for seed in range(6)
+        ]
+        sync = [run_policy(case, Grouping(static=True)) for case in cases]
+        return sum(s.fetch_s / case.fetch_s for s, case in zip(sync, cases, strict=True)) / len(cases)
+
+    row = run_point(BenchPoint(model, profile, "sync", requests, 0.3, 128))
+    steady = row["fetches_per_step"]
+    assert abs(reads(bound.WARMUP) / steady - 1) < 0.1, (reads(bound.WARMUP), steady)
+    assert reads(8) / steady > 1.2, (reads(8), steady)
