@@ -152,8 +152,10 @@ def sync_link_s(sync: Schedule) -> float:
     Sync computes every request's job of a layer as one group, so it never computes while a read
     is in flight, and never idles with none in flight: that union is its makespan less its compute.
     The overlap limit of the issues and figures is ``(compute + this) / max(compute, this)``
-    (:func:`runahead.metrics.overlap_limit`); with ``fetch_s`` (transfers alone) instead, a
-    schedule's speedup, which does pay the latency, could pass the limit.
+    (:func:`runahead.metrics.overlap_limit`). With ``fetch_s`` (transfers alone) instead, the limit
+    would not be the one the sim's rows report, while every speedup over sync would still count the
+    latency sync pays. (Neither is a bound on a speedup: running ahead can hide one read's latency
+    under other reads, which sync cannot.)
     """
     return sync.makespan - sync.compute_s
 
