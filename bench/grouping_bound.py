@@ -61,6 +61,7 @@ CASES = ((2, None), (4, 8), (4, 12), (8, 6))  # (requests, layers: None for all)
 PILOT_CASES = ((4, None), (8, None))  # too big for the search: the pilot schedule and the floor only
 MAX_NODES = 1_000_000  # a searched case that passes this many decisions shows the pilot and floor only
 MAX_HOLDS_NODES = 20_000_000  # the holds search's (lowest layer first): ~130k at 8 requests, every layer
+CASE_FIELDS = ("model", "profile", "requests", "layers", "cache_fraction", "link")  # a case, with `warmup`
 REACHED = ("bound", "holds", "pilot", "floor")  # schedules searched or built, as ``bound_row`` names them
 GROUPINGS = {
     "sync": Grouping(static=True),
@@ -235,8 +236,7 @@ def pooled_row(rows: Sequence[dict[str, object]]) -> dict[str, object]:
     limit = overlap_limit(total["sync_compute_ms"], total["fetch_ms"])
     played = {name: total[f"{name}_ms"] / 1e3 for name in GROUPINGS}
     reached = {name: total[f"{name}_ms"] / 1e3 for name in REACHED if f"{name}_ms" in total}
-    keep = ("model", "profile", "requests", "layers", "cache_fraction", "link")
-    pooled: dict[str, object] = {key: first[key] for key in keep} | {"warmup": case_warmup(first)}
+    pooled: dict[str, object] = {key: first[key] for key in CASE_FIELDS} | {"warmup": case_warmup(first)}
     pooled |= {"seed": "pooled", "seeds": len(rows)}
     pooled |= {"limit": limit, "fetch_ms": total["fetch_ms"], "sync_compute_ms": total["sync_compute_ms"]}
     pooled["search_s"] = sum(row["search_s"] for row in rows)  # type: ignore[misc]
@@ -400,8 +400,7 @@ def pool_files(files: Sequence[Path], out: Path | None) -> None:
     for path in files:
         for row in json.loads(path.read_text()):
             if row.get("seed", 0) != "pooled":
-                case = ("model", "profile", "requests", "layers", "cache_fraction", "link")
-                key = (*(row[k] for k in case), case_warmup(row))
+                key = (*(row[k] for k in CASE_FIELDS), case_warmup(row))
                 cases.setdefault(key, {}).setdefault(row.get("seed", 0), row)
     rows: list[dict[str, object]] = []
     print_header()

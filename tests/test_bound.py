@@ -218,7 +218,7 @@ def test_the_model_plays_each_grouping_as_the_sim_runs_it(seed: int) -> None:
 def test_the_small_case_reads_as_many_experts_as_the_sims_steady_state() -> None:
     # bench/grouping_bound.py judges the rule where the sim's figures are measured: its case's cache
     # (the warm-up's most used experts) leaves a step as many reads as a long sim run averages;
-    # after 8 warm-up steps (the rows before the 43rd session) a step read a third more
+    # after 8 warm-up steps (the rows before the 43rd session) a step read about 30% more here
     bound = load_bench_script("grouping_bound")
     model, profile, requests = "qwen3.6-35b-a3b", "thor", 4
 
