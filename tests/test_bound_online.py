@@ -1,0 +1,88 @@
+"""The pilot method without hindsight (runahead.bound_online)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from runahead.bound import SmallCase, pilot_schedule
+from runahead.bound_online import sampled_pilot_schedule
+from runahead.jobs import ExpertKey, Job
+from runahead.scheduling import Grouping
+
+from boundhelpers import three_request_case
+
+RULE = Grouping(bottleneck=True)
+
+
+def one_step_case(seed: int, linked: bool = False) -> SmallCase:
+    """A random one-step case with choices to make; ``linked``: several reads in flight, a latency."""
+    rng = random.Random(seed)
+    requests, layers = rng.choice([(2, 5), (3, 3), (2, 6)])
+    selections = [[[tuple(rng.sample(range(6), 2)) for _ in range(layers)]] for _ in range(requests)]
+    keys = [ExpertKey(layer, e) for layer in range(layers) for e in range(6)]
+    resident = frozenset(key for key in keys if rng.random() < 0.4)
+    shared, per_expert = rng.uniform(0.2, 1.0), rng.uniform(0.02, 0.2)
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return shared + per_expert * len({e for job in jobs for e in job.experts}) + 0.01 * len(jobs)
+
+    fetch_s = rng.uniform(0.05, 0.6)
+    if not linked:
+        return SmallCase(selections, resident, fetch_s, group_s)
+    return SmallCase(selections, resident, fetch_s, group_s, latency_s=0.3 * fetch_s, queue_depth=2)
+
+
+def own_step(case: SmallCase) -> list[list[list[tuple[int, ...]]]]:
+    """Each request's history: only the case's own step (the samples are then the truth)."""
+    return [[list(case.selections[r][0])] for r in range(case.requests)]
+
+
+@pytest.mark.parametrize(("seed", "linked"), [(s, False) for s in range(8)] + [(s, True) for s in range(8)])
+def test_with_the_truth_as_its_only_sample_it_is_the_pilot_schedule(seed: int, linked: bool) -> None:
+    # every completion drawn is the case itself, so each option's mean is its hindsight rollout
+    case = one_step_case(seed, linked)
+    for grouping in (Grouping(), RULE):
+        sampled = sampled_pilot_schedule(case, grouping, own_step(case), samples=2, seed=seed)
+        assert sampled.makespan == pytest.approx(pilot_schedule(case, grouping).makespan)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_decision_depends_on_a_layer_not_yet_revealed(seed: int) -> None:
+    # two cases that differ only from request 0's layer `k` on: every group up to the one that
+    # reveals that layer (request 0's layer k - 1) is the same in both schedules
+    case = one_step_case(seed)
+    rng = random.Random(100 + seed)
+    k = rng.randrange(1, case.layers)
+    changed_rows = list(case.selections[0][0])
+    for layer in range(k, case.layers):  # the changed layers miss the cache where they can
+        missing = [e for e in range(6) if ExpertKey(layer, e) not in case.resident]
+        changed_rows[layer] = tuple(rng.sample(missing if len(missing) >= 2 else range(6), 2))
+    others = [list(rows) for rows in case.selections[1:]]
+    changed = SmallCase([[changed_rows], *others], case.resident, case.fetch_s, case.group_s)
+    history = [[list(rng.choice(case.selections)[0]) for _ in range(4)] for _ in range(case.requests)]
+    first = sampled_pilot_schedule(case, RULE, history, samples=3, seed=seed).groups
+    second = sampled_pilot_schedule(changed, RULE, history, samples=3, seed=seed).groups
+    reveal = next(i for i, (_, layer, requests) in enumerate(first) if layer == k - 1 and 0 in requests)
+    assert first[: reveal + 1] == second[: reveal + 1]
+
+
+def test_the_draws_are_seeded() -> None:
+    case = three_request_case()
+    history = [[list(case.selections[(r + 1) % 3][0]), list(case.selections[r][0])] for r in range(3)]
+    once = sampled_pilot_schedule(case, RULE, history, samples=2, seed=5)
+    again = sampled_pilot_schedule(case, RULE, history, samples=2, seed=5)
+    assert once == again
+    assert once.explored > 0
+
+
+def test_bad_arguments_are_named() -> None:
+    case = three_request_case()
+    with pytest.raises(ValueError, match="samples"):
+        sampled_pilot_schedule(case, RULE, own_step(case), samples=0)
+    with pytest.raises(ValueError, match="each of the case's 3 requests"):
+        sampled_pilot_schedule(case, RULE, own_step(case)[:2], samples=1)
+    with pytest.raises(ValueError, match="layers"):
+        sampled_pilot_schedule(case, RULE, [[[(0, 1)]]] * 3, samples=1)
