@@ -42,10 +42,12 @@ import json
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from runahead.bench import cache_slots, warm_keys
 from runahead.bound import Schedule, SmallCase, pilot_schedule, run_policy, sync_link_s
+from runahead.bound_online import StepRouting, sampled_pilot_schedule
 from runahead.bound_search import best_holds, best_schedule
 from runahead.costs import CostModel
 from runahead.jobs import Job
@@ -62,7 +64,8 @@ PILOT_CASES = ((4, None), (8, None))  # too big for the search: the pilot schedu
 MAX_NODES = 1_000_000  # a searched case that passes this many decisions shows the pilot and floor only
 MAX_HOLDS_NODES = 20_000_000  # the holds search's (lowest layer first): ~130k at 8 requests, every layer
 CASE_FIELDS = ("model", "profile", "requests", "layers", "cache_fraction", "link")  # a case, with `warmup`
-REACHED = ("bound", "holds", "pilot", "floor")  # schedules searched or built, as ``bound_row`` names them
+HISTORY = 48  # steps before the case (of the warm-up's) the pilot without hindsight draws completions from
+REACHED = ("bound", "holds", "pilot", "floor", "online")  # schedules searched or built (``bound_row``)
 GROUPINGS = {
     "sync": Grouping(static=True),
     "paper": Grouping(),
@@ -124,8 +127,15 @@ def measure(
     first_link: bool = False,
     seed: int = 0,
     warmup: int = WARMUP,
+    online_samples: int = 0,
+    history: int = HISTORY,
 ) -> dict[str, object]:
     case = small_case(model, profile, requests, layers, cache, first_link, seed, warmup)
+    online = None
+    if online_samples and not rules_only:
+        online = Online(
+            case_history(model, requests, case.layers, seed, warmup, history), online_samples, seed
+        )
     row: dict[str, object] = {
         "model": model,
         "profile": profile,
@@ -136,7 +146,35 @@ def measure(
         "seed": seed,
         "warmup": warmup,
     }
-    return row | bound_row(case, search, max_nodes, max_holds_nodes, rules_only)
+    if online is not None:
+        row |= {"online_samples": online_samples, "history": history}
+    return row | bound_row(case, search, max_nodes, max_holds_nodes, rules_only, online)
+
+
+@dataclass(frozen=True)
+class Online:
+    """The pilot method without hindsight's inputs (:func:`sampled_pilot_schedule`)."""
+
+    history: Sequence[Sequence[StepRouting]]
+    samples: int
+    seed: int
+
+
+def case_history(
+    model: str, requests: int, layers: int, seed: int, warmup: int, steps: int
+) -> list[list[StepRouting]]:
+    """Each request's routing over the last ``steps`` warm-up steps before the case's step (what a
+    runtime has seen of it), cut to the case's ``layers``."""
+    if not 1 <= steps <= warmup:
+        raise ValueError(f"the history is 1 to {warmup} warm-up steps, not {steps}")
+    trace = default_trace(load_model_spec(model), requests, warmup + 1, seed=seed)
+    return [
+        [
+            [tuple(experts) for experts in trace.selections(r)[step][:layers]]
+            for step in range(warmup - steps, warmup)
+        ]
+        for r in range(requests)
+    ]
 
 
 def bound_row(
@@ -145,10 +183,12 @@ def bound_row(
     max_nodes: int = MAX_NODES,
     max_holds_nodes: int = MAX_HOLDS_NODES,
     rules_only: bool = False,
+    online: Online | None = None,
 ) -> dict[str, object]:
     """Every schedule of ``case`` (sync, the paper's grouping, the bottleneck rule, the pilot, the best
-    holds, the floor, and with ``search`` the exact bound) as makespans and shares of the limit's gain;
-    ``rules_only``: the three groupings alone (seconds, where the pilot takes minutes at 8 requests)."""
+    holds, the floor, with ``search`` the exact bound, with ``online`` the pilot without hindsight)
+    as makespans and shares of the limit's gain; ``rules_only``: the three groupings alone (seconds,
+    where the pilot takes minutes at 8 requests)."""
     played = {name: run_policy(case, grouping) for name, grouping in GROUPINGS.items()}
     started = time.perf_counter()
     sync = played["sync"]
@@ -176,6 +216,15 @@ def bound_row(
             best = None
     row["search_s"] = time.perf_counter() - started
     reached = {"pilot": pilot.makespan, "floor": case_floor(case)}
+    if online is not None:
+        started = time.perf_counter()
+        blind = sampled_pilot_schedule(
+            case, GROUPINGS["bottleneck"], online.history, online.samples, online.seed
+        )
+        row["online_s"] = time.perf_counter() - started
+        reached["online"] = blind.makespan
+        row["online_explored"] = blind.explored
+        row["online_compute_ms"] = blind.compute_s * 1e3
     if holds is not None:
         reached["holds"] = holds.makespan
         row["holds_explored"] = holds.explored
@@ -271,16 +320,13 @@ def share(row: dict[str, object], key: str) -> str:
 def print_header() -> None:
     print(
         f"{'model':<16} {'profile':<9} {'req':>3} {'lay':>3} {'seed':>6} {'limit':>5} | "
-        f"share of limit: {'bound':>5} {'holds':>5} {'pilot':>5} {'floor':>5} {'paper':>5} {'new':>5} | "
-        f"new's share of: {'bound':>5} {'holds':>5} {'pilot':>5} {'floor':>5} | {'s':>5}"
+        f"share of limit: {' '.join(f'{name[:5]:>5}' for name in (*REACHED, 'paper', 'new'))} | "
+        f"new's share of: {' '.join(f'{name[:5]:>5}' for name in REACHED)} | {'s':>5}"
     )
 
 
 def print_row(r: dict[str, object], model: str, profile: str, requests: int) -> None:
-    limit_shares = " ".join(
-        share(r, f"{name}_share_of_limit")
-        for name in ("bound", "holds", "pilot", "floor", "paper", "bottleneck")
-    )
+    limit_shares = " ".join(share(r, f"{name}_share_of_limit") for name in (*REACHED, "paper", "bottleneck"))
     new_shares = " ".join(share(r, f"bottleneck_share_of_{of}") for of in REACHED)
     print(
         f"{model:<16} {profile:<9} {requests:>3} {r['layers']:>3} {r['seed']!s:>6} {r['limit']:5.2f} | "
@@ -348,7 +394,22 @@ def main() -> None:
         help=f"steps of routing whose most used experts are resident before the step (default {WARMUP}; "
         "8: the cache of the rows written before the 43rd session)",
     )
+    parser.add_argument(
+        "--online-samples",
+        type=int,
+        default=0,
+        help="also the pilot method without hindsight, with this many completions of the routing drawn "
+        "at each decision (0: not played; 48 takes ~45 s a step at 2 requests)",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=HISTORY,
+        help=f"warm-up steps before the case the completions are drawn from (default {HISTORY})",
+    )
     args = parser.parse_args()
+    if args.online_samples < 0 or (args.online_samples and not 1 <= args.history <= args.warmup):
+        parser.error(f"--online-samples >= 0 and --history within 1..--warmup ({args.warmup})")
     if args.warmup < 1:
         parser.error(f"--warmup needs at least 1 step, got {args.warmup}")
     if args.seeds < 1:
@@ -382,6 +443,8 @@ def main() -> None:
                             args.first_link,
                             seed,
                             args.warmup,
+                            args.online_samples,
+                            args.history,
                         )
                     )
                     rows.append(seeded[-1])

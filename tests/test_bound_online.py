@@ -12,6 +12,7 @@ from runahead.bound_online import sampled_pilot_schedule
 from runahead.jobs import ExpertKey, Job
 from runahead.scheduling import Grouping
 
+from benchhelpers import load_bench_script
 from boundhelpers import three_request_case
 
 RULE = Grouping(bottleneck=True)
@@ -86,3 +87,15 @@ def test_bad_arguments_are_named() -> None:
         sampled_pilot_schedule(case, RULE, own_step(case)[:2], samples=1)
     with pytest.raises(ValueError, match="layers"):
         sampled_pilot_schedule(case, RULE, [[[(0, 1)]]] * 3, samples=1)
+
+
+def test_the_bench_reports_it_beside_the_bound() -> None:
+    bench = load_bench_script("grouping_bound")
+    row = bench.measure("qwen3.6-35b-a3b", "thor", 2, 6, 0.3, True, warmup=8, online_samples=2, history=4)
+    assert (row["online_samples"], row["history"]) == (2, 4)
+    assert row["bound_ms"] <= row["online_ms"] + 1e-9  # no schedule beats the exact bound
+    assert row["bottleneck_share_of_online"] == pytest.approx(
+        (row["bottleneck_x"] - 1) / (row["online_x"] - 1)
+    )
+    with pytest.raises(ValueError, match="1 to 8 warm-up steps"):
+        bench.measure("qwen3.6-35b-a3b", "thor", 2, 6, 0.3, False, warmup=8, online_samples=2, history=9)
