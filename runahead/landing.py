@@ -16,12 +16,25 @@ takes ``transfer_s`` on a link that carries one at a time, ``latency_s`` after i
 lands. :func:`imminent` then names the moment to hold until, when every missing expert of such a job
 is in flight and lands within :data:`HOLD_LANDING_WINDOW` of one read's link time. A real backend's
 reads have no such model (their times are measured and drift): the rule does not wait for them.
+
+NOTE (how long is "about to"). A fixed share of a read's link time was the first window. The pilot
+method without hindsight (:mod:`runahead.bound_online`: each option followed by the rule on
+completions of the routing drawn from the requests' history) showed where that misjudges: at 2
+requests on the Thor (Qwen3.6), where a group's shared work is 80% of it and a read carries in
+0.18 ms, it waits for the other request's last read whenever it lands within one transfer (~0.1-0.18
+ms), while 0.3 reads is 0.05 ms; on the Mac (shared work 56% of a group, 0.35 ms a read) it waits as
+the rule does. What the wait buys is the merge's saving, so the window is also priced by it: a job is
+about to be ready when its reads land within :data:`HOLD_MERGE_SHARE` of the compute its merge with
+the ready group saves (:func:`merge_saving`), the idle then costing at most that share of the
+saving, the rest left for the reveals the wait delays.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import filterfalse
 
 from runahead.jobs import ExpertId, Job
@@ -33,12 +46,20 @@ chat, 2-16 requests, 30% cache) 0.3 was at or above the rule without it at every
 and 70% cache too), 0.5 fell 0.02% below at one, 1.0 lost up to 12% at 16 requests, 0.1 gained
 about half as much."""
 
-LANDED_AFTER_S = 1e-9
+HOLD_MERGE_SHARE = 0.5
+"""A blocked job at or below the ready group's layer whose reads land within this share of the
+compute its merge with the group saves is waited for too (module note). In the small-case model at
+the sim's steady state (both profiles and paper models, 2 and 4 requests, twelve steps each) 0.4-0.55
+all gained, 0.6 less, 1.0 lost at Thor/Gemma4 (docs/results-core.md, "The pilot without hindsight")."""
+
+LANDED_AFTER_S = 1e-6
 """How long after the landing it waits for a hold for a job about to be ready ends. At the landing's
 own instant the job is not ready yet: the read's worker, then the JobIssuer, then the scheduler
 each take the news in turn, and a timer due at that instant wakes the scheduler first (virtual
 time runs every callback of an instant before it moves on). A hold due a moment later ends with
-the job's ``Ready`` instead."""
+the job's ``Ready`` instead. The moment is one tick of the sim's virtual clock
+(:data:`runahead.clock.TICKS_PER_S`): a timer due less than a tick later fires in the landing's own
+tick (1e-9 s did, once holds grew longer with :data:`HOLD_MERGE_SHARE`: tests/test_bound.py)."""
 
 
 class LinkModel:
@@ -73,10 +94,13 @@ def imminent(
     resident: Container[ExpertId],
     lands: Mapping[ExpertId, float],
     window_s: float,
+    saving: MergeSaving | None = None,
 ) -> float | None:
     """When to hold the ready group of ``layer`` until: the latest time a blocked job at ``layer`` or
     below becomes ready, over those whose every missing expert is in flight (in ``lands``) and lands
-    by ``now + window_s``; None if there is no such job (compute now, or ask the rule)."""
+    by ``now + window_s``, or with ``saving`` (:func:`merge_saving`) by ``now`` plus
+    :data:`HOLD_MERGE_SHARE` of the compute the job's merge saves; None if there is no such job
+    (compute now, or ask the rule)."""
     limit, until = now + window_s, None
     for job in blocked:
         if job.layer > layer:
@@ -84,6 +108,33 @@ def imminent(
         ready_at = now
         for expert in filterfalse(resident.__contains__, job.ids):
             ready_at = max(ready_at, lands.get(expert, math.inf))
-        if ready_at <= limit:
-            until = ready_at if until is None else max(until, ready_at)
+        if ready_at > limit and (saving is None or not saving.covers(job, ready_at - now)):
+            continue
+        until = ready_at if until is None else max(until, ready_at)
     return until
+
+
+class MergeSaving:
+    """The compute a blocked job's merge with the ready group (``members``) saves: ``g(ready) +
+    g(job) - g(ready + job)``, the job priced at the group's layer (a laggard catches up first, then
+    merges). Priced only for a job whose reads land within what the most any merge saves (the
+    ready group's own cost) could cover."""
+
+    def __init__(self, members: Sequence[Job], group_s: Callable[[Sequence[Job]], float]) -> None:
+        self.members = list(members)
+        self.group_s = group_s
+
+    @functools.cached_property
+    def most(self) -> float:
+        """The ready group's cost: no merge saves more (no group costs less than one of its parts)."""
+        return self.group_s(self.members)
+
+    def __call__(self, job: Job) -> float:
+        layer = self.members[0].layer
+        joined = job if job.layer == layer else replace(job, layer=layer)
+        return self.most + self.group_s([joined]) - self.group_s([*self.members, joined])
+
+    def covers(self, job: Job, wait_s: float) -> bool:
+        """Whether a wait of ``wait_s`` for ``job`` idles at most :data:`HOLD_MERGE_SHARE` of what
+        its merge saves."""
+        return wait_s <= HOLD_MERGE_SHARE * self.most and wait_s <= HOLD_MERGE_SHARE * self(job)

@@ -40,7 +40,7 @@ from runahead.bottleneck import (
 )
 from runahead.cache import ExpertCache
 from runahead.jobs import ExpertId, Group, Job
-from runahead.landing import HOLD_LANDING_WINDOW, LANDED_AFTER_S, imminent
+from runahead.landing import HOLD_LANDING_WINDOW, LANDED_AFTER_S, MergeSaving, imminent
 
 
 class ComputeOrder(enum.Enum):
@@ -194,10 +194,13 @@ class ComputeQueue:
             if tail and not outlook.measured:  # the tail waits for its step (tail_waits)
                 until = tail_waits(outlook, members)
                 if until is not None:
-                    return Hold(until)
+                    return Hold(until + LANDED_AFTER_S)
             if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
                 window = HOLD_LANDING_WINDOW * outlook.fetch_s
-                until = imminent(outlook.now, layer, outlook.blocked, outlook.resident, outlook.lands, window)
+                saving = MergeSaving(members, outlook.group_s)
+                until = imminent(
+                    outlook.now, layer, outlook.blocked, outlook.resident, outlook.lands, window, saving
+                )
                 if until is not None:
                     return Hold(until + LANDED_AFTER_S)
             below = HOLD_MIN_MEASURED_SHARE if outlook.measured else HOLD_MIN_COMPUTE_SHARE
@@ -218,8 +221,8 @@ class ComputeQueue:
                     pricer=outlook.pricer,
                     slack=0.0 if outlook.measured else HOLD_LINK_SLACK,
                 ).deadline
-                if deadline is not None:
-                    return Hold(deadline)
+                if deadline is not None:  # when the job it waits for should land: just after
+                    return Hold(deadline + LANDED_AFTER_S)
         return self.select_group(positions, lanes)
 
     def _static_candidate(

@@ -9,7 +9,14 @@ from runahead.backend import ModelledLink
 from runahead.backends.sim import SimBackend
 from runahead.bottleneck import HOLD_MIN_COMPUTE_SHARE, Hold, Outlook
 from runahead.jobs import ExpertId, ExpertKey, Group, RequestSpec, expert_id
-from runahead.landing import HOLD_LANDING_WINDOW, LinkModel, imminent
+from runahead.landing import (
+    HOLD_LANDING_WINDOW,
+    HOLD_MERGE_SHARE,
+    LANDED_AFTER_S,
+    LinkModel,
+    MergeSaving,
+    imminent,
+)
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
 from simhelpers import COSTS, random_trace, simulate
@@ -61,6 +68,36 @@ def test_imminent_names_the_last_landing_of_jobs_at_or_below_the_layer() -> None
     assert imminent(0.0, 3, [job(5, 3, (5,))], states()[0], lands, window) == 0.0  # nothing missing
 
 
+def test_a_job_is_about_to_be_ready_sooner_than_its_merge_pays_for() -> None:
+    """Past 0.3 reads' link time a job is still waited for when its reads land within
+    HOLD_MERGE_SHARE of the compute its merge with the ready group saves (a laggard priced at the
+    group's layer); never one above the group's layer."""
+    view = states(pending={ExpertKey(3, 4), ExpertKey(2, 4), ExpertKey(4, 4)})[0]
+    lands = {expert_id(ExpertKey(layer, 4)): 0.08 for layer in (2, 3, 4)}
+    window = HOLD_LANDING_WINDOW * FETCH_S  # 0.03 s
+    ready = [job(0, 3, (1,))]
+    big = MergeSaving(ready, shared_plus_per_job(0.2, 0.05))  # a merge saves 0.2 s: covers 0.1 s
+    small = MergeSaving(ready, shared_plus_per_job(0.1, 0.05))  # saves 0.1 s: covers 0.05 s
+    same, lower, above = job(1, 3, (4,)), job(2, 2, (4,)), job(3, 4, (4,))
+    assert big(same) == pytest.approx(0.2) and big(lower) == pytest.approx(0.2)
+    assert HOLD_MERGE_SHARE * small(same) < 0.08 < HOLD_MERGE_SHARE * big(same)
+    assert imminent(0.0, 3, [same], view, lands, window) is None  # the reads' window alone
+    assert imminent(0.0, 3, [same], view, lands, window, big) == pytest.approx(0.08)
+    assert imminent(0.0, 3, [lower], view, lands, window, big) == pytest.approx(0.08)
+    assert imminent(0.0, 3, [same, lower], view, lands, window, small) is None
+    assert imminent(0.0, 3, [above], view, lands, window, big) is None
+    # the ready group's own cost bounds any saving: a job landing past it is never priced
+    priced = []
+
+    def spy(jobs):  # type: ignore[no-untyped-def]
+        priced.append(len(jobs))
+        return 0.2 + 0.05 * len(jobs)
+
+    far = {expert_id(ExpertKey(3, 4)): 5.0}
+    assert imminent(0.0, 3, [same], view, far, window, MergeSaving(ready, spy)) is None
+    assert priced == [1]  # the ready group alone
+
+
 def modelled(blocked: list, lands: dict, share: float = HOLD_MIN_COMPUTE_SHARE / 2) -> Outlook:
     resident, in_flight = states(pending={ExpertKey(3, 4), ExpertKey(3, 5)})
     cost = shared_plus_per_job(1.0, 0.1)
@@ -73,9 +110,9 @@ def test_plan_holds_for_a_job_about_to_be_ready_even_far_from_the_bottleneck() -
     queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
     queue.add(job(0, 3))
     soon = {expert_id(ExpertKey(3, 4)): 0.2 * FETCH_S}
-    late = {expert_id(ExpertKey(3, 4)): 0.9 * FETCH_S}
+    late = {expert_id(ExpertKey(3, 4)): 6 * FETCH_S}  # past half of what the merge saves (1 s) too
     choice = queue.plan({}, {}, modelled([job(1, 3, (4,))], soon))
-    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.2 * FETCH_S)
+    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.2 * FETCH_S + LANDED_AFTER_S)
     for lands in (late, None):
         choice = queue.plan({}, {}, modelled([job(1, 3, (4,))], lands))  # type: ignore[arg-type]
         assert isinstance(choice, Group) and [j.request for j in choice.jobs] == [0]
