@@ -23,10 +23,10 @@ completions of the routing drawn from the requests' history) showed where that m
 requests on the Thor (Qwen3.6), where a group's shared work is 80% of it and a read carries in
 0.18 ms, it waits for the other request's last read whenever it lands within one transfer (~0.1-0.18
 ms), while 0.3 reads is 0.05 ms; on the Mac (shared work 56% of a group, 0.35 ms a read) it waits as
-the rule does. What the wait buys is the merge's saving, so the window is also priced by it: a job is
+the rule does. What the wait buys is the merge's saving, and what it costs is the compute unit's
+idle and the reveals of every ready job pushed back, so the window is also priced by both: a job is
 about to be ready when its reads land within :data:`HOLD_MERGE_SHARE` of the compute its merge with
-the ready group saves (:func:`merge_saving`), the idle then costing at most that share of the
-saving, the rest left for the reveals the wait delays.
+the ready group saves (:class:`MergeSaving`), divided by the ready jobs whose reveals wait.
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ about half as much."""
 
 HOLD_MERGE_SHARE = 0.5
 """A blocked job at or below the ready group's layer whose reads land within this share of the
-compute its merge with the group saves is waited for too (module note). In the small-case model at
-the sim's steady state (both profiles and paper models, 2 and 4 requests, twelve steps each) 0.4-0.55
-all gained, 0.6 less, 1.0 lost at Thor/Gemma4 (docs/results-core.md, "The pilot without hindsight")."""
+compute its merge with the group saves, per job of the group, is waited for too (module note). In
+the small-case model at the sim's steady state (both profiles and paper models; 2 and 4 requests
+over twelve steps, 8 over six) 0.4-0.7 gained at every concurrency, 0.3 lost the 2-request gain,
+1.0 lost at Thor/Gemma4; without the per-job division 0.5 lost at 8 requests (docs/results-core.md,
+"The pilot without hindsight")."""
 
 LANDED_AFTER_S = 1e-6
 """How long after the landing it waits for a hold for a job about to be ready ends. At the landing's
@@ -98,9 +100,9 @@ def imminent(
 ) -> float | None:
     """When to hold the ready group of ``layer`` until: the latest time a blocked job at ``layer`` or
     below becomes ready, over those whose every missing expert is in flight (in ``lands``) and lands
-    by ``now + window_s``, or with ``saving`` (:func:`merge_saving`) by ``now`` plus
-    :data:`HOLD_MERGE_SHARE` of the compute the job's merge saves; None if there is no such job
-    (compute now, or ask the rule)."""
+    by ``now + window_s``, or with ``saving`` (:class:`MergeSaving`) within what its merge with the
+    ready group pays for (:meth:`MergeSaving.covers`); None if there is no such job (compute now, or
+    ask the rule)."""
     limit, until = now + window_s, None
     for job in blocked:
         if job.layer > layer:
@@ -135,6 +137,7 @@ class MergeSaving:
         return self.most + self.group_s([joined]) - self.group_s([*self.members, joined])
 
     def covers(self, job: Job, wait_s: float) -> bool:
-        """Whether a wait of ``wait_s`` for ``job`` idles at most :data:`HOLD_MERGE_SHARE` of what
-        its merge saves."""
-        return wait_s <= HOLD_MERGE_SHARE * self.most and wait_s <= HOLD_MERGE_SHARE * self(job)
+        """Whether a wait of ``wait_s`` for ``job`` lasts at most :data:`HOLD_MERGE_SHARE` of what
+        its merge saves, per ready job (each one's reveals wait as long)."""
+        share = HOLD_MERGE_SHARE / len(self.members)
+        return wait_s <= share * self.most and wait_s <= share * self(job)

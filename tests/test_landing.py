@@ -70,8 +70,8 @@ def test_imminent_names_the_last_landing_of_jobs_at_or_below_the_layer() -> None
 
 def test_a_job_is_about_to_be_ready_sooner_than_its_merge_pays_for() -> None:
     """Past 0.3 reads' link time a job is still waited for when its reads land within
-    HOLD_MERGE_SHARE of the compute its merge with the ready group saves (a laggard priced at the
-    group's layer); never one above the group's layer."""
+    HOLD_MERGE_SHARE of the compute its merge with the ready group saves, per ready job (a laggard
+    priced at the group's layer); never one above the group's layer."""
     view = states(pending={ExpertKey(3, 4), ExpertKey(2, 4), ExpertKey(4, 4)})[0]
     lands = {expert_id(ExpertKey(layer, 4)): 0.08 for layer in (2, 3, 4)}
     window = HOLD_LANDING_WINDOW * FETCH_S  # 0.03 s
@@ -86,6 +86,11 @@ def test_a_job_is_about_to_be_ready_sooner_than_its_merge_pays_for() -> None:
     assert imminent(0.0, 3, [lower], view, lands, window, big) == pytest.approx(0.08)
     assert imminent(0.0, 3, [same, lower], view, lands, window, small) is None
     assert imminent(0.0, 3, [above], view, lands, window, big) is None
+    # with two ready jobs the same saving (0.2 s) covers half as long: both jobs' reveals wait
+    pair = MergeSaving([*ready, job(6, 3, (2,))], shared_plus_per_job(0.2, 0.05))
+    assert pair(same) == pytest.approx(0.2)
+    assert pair.covers(same, 0.05) and not pair.covers(same, 0.08)
+    assert imminent(0.0, 3, [same], view, lands, window, pair) is None
     # the ready group's own cost bounds any saving: a job landing past it is never priced
     priced = []
 
