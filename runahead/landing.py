@@ -26,7 +26,9 @@ ms), while 0.3 reads is 0.05 ms; on the Mac (shared work 56% of a group, 0.35 ms
 the rule does. What the wait buys is the merge's saving, and what it costs is the compute unit's
 idle and the reveals of every ready job pushed back, so the window is also priced by both: a job is
 about to be ready when its reads land within :data:`HOLD_MERGE_SHARE` of the compute its merge with
-the ready group saves (:class:`MergeSaving`), divided by the ready jobs whose reveals wait.
+the ready group saves (:class:`MergeSaving`), divided by the ready jobs whose reveals wait, while
+the compute unit is near enough the bottleneck for the compute saved to count
+(:data:`runahead.bottleneck.HOLD_MIN_COMPUTE_SHARE`, the hold rule's own gate).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ HOLD_MERGE_SHARE = 0.5
 compute its merge with the group saves, per job of the group, is waited for too (module note). In
 the small-case model at the sim's steady state (both profiles and paper models; 2 and 4 requests
 over twelve steps, 8 over six) 0.4-0.7 gained at every concurrency, 0.3 lost the 2-request gain,
-1.0 lost at Thor/Gemma4; without the per-job division 0.5 lost at 8 requests (docs/results-core.md,
-"The pilot without hindsight")."""
+1.0 lost at Thor/Gemma4; without the per-job division 0.5 lost at 8 requests; below the hold rule's
+compute-share gate it cost the sim 0.006% at Mac/Gemma4/8 (docs/results-core.md, "The pilot without
+hindsight")."""
 
 LANDED_AFTER_S = 1e-6
 """How long after the landing it waits for a hold for a job about to be ready ends. At the landing's

@@ -181,9 +181,12 @@ class ComputeQueue:
         (``outlook.tail_layer``: its reveals give the link nothing before the step barrier). Before
         that, where the outlook knows when reads in flight land (``outlook.lands``: a modelled link),
         it is held for a blocked job of its layer or a lower one about to be ready (:func:`imminent`),
-        below the gates too. And first of all, a tail group waits while a job of its step is behind
-        it, where the costs are a model (:func:`tail_waits`). The caller gives an outlook only at a
-        share :func:`may_hold` allows. A group returned is the opportunistic one.
+        below the gates too, and at or above ``HOLD_MIN_COMPUTE_SHARE`` also for one whose merge
+        with the group pays for the wait (:class:`runahead.landing.MergeSaving`). And first of all,
+        a tail group waits while a job of its step is behind it, where the costs are a model
+        (:func:`tail_waits`). Every hold ends ``LANDED_AFTER_S`` after the landing it waits for. The
+        caller gives an outlook only at a share :func:`may_hold` allows. A group returned is the
+        opportunistic one.
         """
         ready = self._ready
         if ready and outlook is not None and self.grouping.bottleneck and outlook.blocked:
@@ -197,7 +200,12 @@ class ComputeQueue:
                     return Hold(until + LANDED_AFTER_S)
             if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
                 window = HOLD_LANDING_WINDOW * outlook.fetch_s
-                saving = MergeSaving(members, outlook.group_s)
+                # near enough the compute bottleneck, also a job whose merge pays for the wait
+                saving = (
+                    MergeSaving(members, outlook.group_s)
+                    if outlook.compute_share >= HOLD_MIN_COMPUTE_SHARE
+                    else None
+                )
                 until = imminent(
                     outlook.now, layer, outlook.blocked, outlook.resident, outlook.lands, window, saving
                 )

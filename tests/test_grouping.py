@@ -38,6 +38,7 @@ from runahead.jobs import (
     RequestSpec,
     distinct_experts,
 )
+from runahead.landing import LANDED_AFTER_S
 from runahead.loops import loop_factory
 from runahead.mailbox import Mailbox
 from runahead.messages import Ready
@@ -93,7 +94,7 @@ def test_plan_holds_for_a_same_layer_job_whose_read_is_landing() -> None:
     busy_link = [job(2 + i, 9, (i,)) for i in range(40)]  # 4 s of reads queued behind it
     view = states(pending={ExpertKey(3, 4)}, wanted={ExpertKey(9, i) for i in range(40)})
     choice = queue.plan({}, {}, outlook([blocked, *busy_link], view))
-    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.1)
+    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.1 + LANDED_AFTER_S)
     assert len(queue) == 1  # nothing was taken off the ready queue
 
 
@@ -138,7 +139,7 @@ def test_plan_holds_tail_groups_nearer_the_link_bound_than_others() -> None:
         queue.add(job(0, 3))
         choice = queue.plan({}, {}, outlook([job(1, 3, (4,))], view, share=share, tail=tail))
         assert isinstance(choice, expected)
-    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.1)
+    assert isinstance(choice, Hold) and choice.deadline == pytest.approx(0.1 + LANDED_AFTER_S)
     # far from the compute bottleneck even a tail group goes now
     queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, Grouping(bottleneck=True))
     queue.add(job(0, 3))
