@@ -29,10 +29,15 @@ their shares of the limit are not the sim's); the share of the limit's gain of t
 holds schedule, the pilot schedule, the floor, the paper's grouping and the new one; and the new
 one's share of the bound's, the holds', the pilot's and the floor's gains. The truth for a case lies
 between the shorter of the holds and pilot schedules (or the bound, where searched) and the floor.
-One step's figures move by several points from step to step: ``--seeds N`` plays each case over N
-steps of the routing (seeds 0..N-1) and adds a row pooling them as one run; ``--first-seed`` and
-``--pool`` split such a run over processes and pool their files afterwards (``--max-nodes 1`` skips
-a case's exact search: the holds and pilot schedules and the floor only).
+With ``--online-samples N`` also the pilot method without hindsight
+(:func:`runahead.bound_online.sampled_pilot_schedule`: each option followed by the rule on ``N``
+completions of the routing, the unrevealed layers drawn from each request's last ``--history``
+warm-up steps), a schedule a runtime could reach knowing the routing's distribution: the bound and
+the pilot choose with hindsight. One step's figures move by several points from step to step:
+``--seeds N`` plays each case over N steps of the routing (seeds 0..N-1) and adds a row pooling
+them as one run; ``--first-seed`` and ``--pool`` split such a run over processes and pool their
+files afterwards (``--max-nodes 1`` skips a case's exact search: the holds and pilot schedules and
+the floor only).
 """
 
 from __future__ import annotations

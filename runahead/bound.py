@@ -25,6 +25,9 @@ searches every such decision for the shortest makespan; :func:`run_policy` plays
 :mod:`runahead.scheduling` through the same model, so the two compare like with like, and
 :func:`pilot_schedule` improves on a rule by playing it out from every option.
 Grouping only: the search does not choose fetch order, and it never splits one layer's ready jobs.
+"Without prediction" says what a schedule does (no read before its job is revealed), not how it was
+found: the search and the pilot choose with the whole case's routing in view, which no runtime has;
+:mod:`runahead.bound_online` plays the pilot method without that hindsight.
 """
 
 from __future__ import annotations
