@@ -5,6 +5,9 @@ latency), two reads in flight. Request 0 routes to expert 0 at both layers, requ
 Every time below was worked out by hand from those rules (see each test's comments).
 """
 
+import pytest
+
+from runahead import landing
 from runahead.backends.sim import FixedCosts
 from runahead.jobs import RequestSpec
 from runahead.trace import RoutingTrace
@@ -56,7 +59,9 @@ def test_runahead_timeline() -> None:
     assert tokens(runtime) == [(0, 5100), (1, 6300)]
 
 
-def test_bottleneck_grouping_batches_the_tail() -> None:
+def test_bottleneck_grouping_batches_the_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tail alone: no wait for a merge that pays below it (the next test)
+    monkeypatch.setattr(landing, "HOLD_MERGE_SHARE", 0.0)
     runtime = simulate(TRACE, policy="runahead", slots=2, requests=REQUESTS, costs=COSTS)
     # As the paper's up to 3900. Layer 1 is the tail (the last layer, barrier on: its reveals give
     # the link nothing). Computing request 0 now ends the layer at 6300 (1200 + 1200 us, one after the
@@ -73,6 +78,27 @@ def test_bottleneck_grouping_batches_the_tail() -> None:
         (1000, 2000, (0, 1)),
         (2700, 3200, (1, 0)),
         (3900, 4400, (1, 1)),
+    ]
+    assert tokens(runtime) == [(0, 5800), (1, 5800)]
+
+
+def test_bottleneck_grouping_waits_for_a_merge_that_pays() -> None:
+    runtime = simulate(TRACE, policy="runahead", slots=2, requests=REQUESTS, costs=COSTS)
+    # 1500: request 0 is ready at layer 0; request 1's read lands at 2000. Merged, the two save
+    # 1200 + 1200 - 1400 = 1000 us of compute; half of that for one ready job covers the 500 us
+    # wait (runahead.landing.MergeSaving), so both compute as one group at 2000, as sync does, and
+    # again at the tail. The tokens come as early as the tail's hold alone gave them (5800), for
+    # 1000 us less compute.
+    assert computes(runtime) == [
+        (0, 1000, -1, (0, 1)),
+        (2000, 3400, 0, (0, 1)),
+        (4400, 5800, 1, (0, 1)),
+    ]
+    assert fetches(runtime) == [
+        (1000, 1500, (0, 0)),
+        (1000, 2000, (0, 1)),
+        (3400, 3900, (1, 0)),
+        (3400, 4400, (1, 1)),
     ]
     assert tokens(runtime) == [(0, 5800), (1, 5800)]
 
