@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Sequence
 
 from runahead.backends.sim import SimCosts
@@ -57,3 +58,32 @@ def traced_case(
     return SmallCase(
         selections, frozenset(), transfer_s, group_s, latency_s=latency_s, queue_depth=queue_depth
     )
+
+
+SHAPES = ((2, 2, 3), (3, 1, 3), (3, 2, 2), (2, 1, 5))
+"""(requests, steps, layers) of :func:`random_case`'s cases: small enough to try every decision of."""
+
+
+def random_case(
+    seed: int, linked: bool = False, shapes: Sequence[tuple[int, int, int]] = SHAPES
+) -> SmallCase:
+    """A random case of one of ``shapes``, 6 experts a layer, top-2; ``linked``: on the sim's link (a
+    read latency, several reads in flight) instead of one read at a time."""
+    rng = random.Random(seed)
+    requests, steps, layers = rng.choice(list(shapes))
+    selections = [
+        [[tuple(rng.sample(range(6), 2)) for _ in range(layers)] for _ in range(steps)]
+        for _ in range(requests)
+    ]
+    keys = [ExpertKey(layer, e) for layer in range(layers) for e in range(6)]
+    resident = frozenset(key for key in keys if rng.random() < 0.4)
+    shared, per_expert = rng.uniform(0.2, 1.0), rng.uniform(0.02, 0.2)
+
+    def group_s(jobs: Sequence[Job]) -> float:
+        return shared + per_expert * len({e for job in jobs for e in job.experts}) + 0.01 * len(jobs)
+
+    fetch_s = rng.uniform(0.05, 0.6)
+    if not linked:
+        return SmallCase(selections, resident, fetch_s, group_s)
+    latency, depth = rng.uniform(0.0, 1.0) * fetch_s, rng.choice([2, 3, 4])
+    return SmallCase(selections, resident, fetch_s, group_s, latency_s=latency, queue_depth=depth)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 import pytest
 
 from runahead.backends.sim import FixedCosts
 from runahead.bench import BenchPoint, run_point
-from runahead.bound import SmallCase, _Model, _State, pilot_schedule, run_policy, sync_link_s
+from runahead.bound import _Model, _State, pilot_schedule, run_policy, sync_link_s
 from runahead.bound_search import _SearchModel, best_holds, best_schedule
-from runahead.jobs import ExpertKey, Job, RequestSpec
+from runahead.jobs import ExpertKey, RequestSpec
 from runahead.metrics import total, union
 from runahead.scheduling import Grouping
 
 from benchhelpers import load_bench_script
-from boundhelpers import one_layer_case, three_request_case, traced_case
+from boundhelpers import one_layer_case, random_case, three_request_case, traced_case
 from simhelpers import random_trace, simulate
 
 
@@ -99,29 +98,6 @@ def shortest(model: _Model, state: _State) -> float:
     if model.done(state):
         return state.now
     return min(shortest(model, child) for child in model.children(state))
-
-
-def random_case(seed: int, linked: bool = False) -> SmallCase:
-    """A random case small enough to try every decision of; ``linked``: on the sim's link (a read
-    latency, several reads in flight) instead of one read at a time."""
-    rng = random.Random(seed)
-    requests, steps, layers = rng.choice([(2, 2, 3), (3, 1, 3), (3, 2, 2), (2, 1, 5)])
-    selections = [
-        [[tuple(rng.sample(range(6), 2)) for _ in range(layers)] for _ in range(steps)]
-        for _ in range(requests)
-    ]
-    keys = [ExpertKey(layer, e) for layer in range(layers) for e in range(6)]
-    resident = frozenset(key for key in keys if rng.random() < 0.4)
-    shared, per_expert = rng.uniform(0.2, 1.0), rng.uniform(0.02, 0.2)
-
-    def group_s(jobs: Sequence[Job]) -> float:
-        return shared + per_expert * len({e for job in jobs for e in job.experts}) + 0.01 * len(jobs)
-
-    fetch_s = rng.uniform(0.05, 0.6)
-    if not linked:
-        return SmallCase(selections, resident, fetch_s, group_s)
-    latency, depth = rng.uniform(0.0, 1.0) * fetch_s, rng.choice([2, 3, 4])
-    return SmallCase(selections, resident, fetch_s, group_s, latency_s=latency, queue_depth=depth)
 
 
 CASES = [(seed, False) for seed in range(24)] + [(seed, True) for seed in range(24)]

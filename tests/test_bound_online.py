@@ -3,37 +3,25 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 import pytest
 
 from runahead.bound import SmallCase, pilot_schedule
 from runahead.bound_online import sampled_pilot_schedule
-from runahead.jobs import ExpertKey, Job
+from runahead.jobs import ExpertKey
 from runahead.scheduling import Grouping
 
 from benchhelpers import load_bench_script
-from boundhelpers import three_request_case
+from boundhelpers import random_case, three_request_case
 
 RULE = Grouping(bottleneck=True)
 
 
+ONE_STEP = ((2, 1, 5), (3, 1, 3), (2, 1, 6))  # shapes with choices to make, one step each
+
+
 def one_step_case(seed: int, linked: bool = False) -> SmallCase:
-    """A random one-step case with choices to make; ``linked``: several reads in flight, a latency."""
-    rng = random.Random(seed)
-    requests, layers = rng.choice([(2, 5), (3, 3), (2, 6)])
-    selections = [[[tuple(rng.sample(range(6), 2)) for _ in range(layers)]] for _ in range(requests)]
-    keys = [ExpertKey(layer, e) for layer in range(layers) for e in range(6)]
-    resident = frozenset(key for key in keys if rng.random() < 0.4)
-    shared, per_expert = rng.uniform(0.2, 1.0), rng.uniform(0.02, 0.2)
-
-    def group_s(jobs: Sequence[Job]) -> float:
-        return shared + per_expert * len({e for job in jobs for e in job.experts}) + 0.01 * len(jobs)
-
-    fetch_s = rng.uniform(0.05, 0.6)
-    if not linked:
-        return SmallCase(selections, resident, fetch_s, group_s)
-    return SmallCase(selections, resident, fetch_s, group_s, latency_s=0.3 * fetch_s, queue_depth=2)
+    return random_case(seed, linked, ONE_STEP)
 
 
 def own_step(case: SmallCase) -> list[list[list[tuple[int, ...]]]]:
