@@ -122,8 +122,8 @@ def imminent(
 class MergeSaving:
     """The compute a blocked job's merge with the ready group (``members``) saves: ``g(ready) +
     g(job) - g(ready + job)``, the job priced at the group's layer (a laggard catches up first, then
-    merges). Priced only for a job whose reads land within what the most any merge saves (the
-    ready group's own cost) could cover."""
+    merges). A job is priced only when its reads land soon enough for the largest saving any merge
+    could make (the ready group's own cost) to cover the wait."""
 
     def __init__(self, members: Sequence[Job], group_s: Callable[[Sequence[Job]], float]) -> None:
         self.members = list(members)
