@@ -360,13 +360,18 @@ class _Model:
     def children(self, state: _State) -> Iterator[_State]:
         """The states each of :meth:`options` leads to (a wait nothing can end is left out)."""
         for choice in self.options(state):
-            child = state.copy()
-            if choice is None:
-                if not self.wait(child):
-                    continue
-            else:
-                self.compute(child, choice)
-            yield child
+            child = self.child(state, choice)
+            if child is not None:
+                yield child
+
+    def child(self, state: _State, choice: int | None) -> _State | None:
+        """The state ``choice`` (a layer to compute, or None: wait) leads to from ``state`` (left as
+        it is); None for a wait nothing can end."""
+        child = state.copy()
+        if choice is None:
+            return child if self.wait(child) else None
+        self.compute(child, choice)
+        return child
 
     def options(self, state: _State) -> list[int | None]:
         """The layers whose ready jobs may compute now, lowest first (only the lowest with

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 from runahead.bound import Schedule, SmallCase, _Model, _play, _State
 from runahead.scheduling import Grouping
@@ -58,7 +59,7 @@ def sampled_pilot_schedule(
             completed = _Model(completion(case, state, history, draws))
             here = _translated(state, model, completed)
             for index, (choice, _) in enumerate(options):
-                child = _apply(completed, here, choice)
+                child = completed.child(here, choice)
                 assert child is not None  # the same revealed state offers the same options
                 totals[index] += _play(completed, child, grouping).makespan
                 played += 1
@@ -82,15 +83,7 @@ def completion(
             drawn = draws.choice(history[request])
             rows.append([row[i] if s == step and i <= layer else tuple(drawn[i]) for i in range(case.layers)])
         selections.append(rows)
-    return SmallCase(
-        selections,
-        case.resident,
-        case.fetch_s,
-        case.group_s,
-        case.measured,
-        case.latency_s,
-        case.queue_depth,
-    )
+    return replace(case, selections=selections)
 
 
 def revealed(case: SmallCase, state: _State, request: int) -> tuple[int, int]:
@@ -106,18 +99,10 @@ def _options(model: _Model, state: _State) -> list[tuple[int | None, _State]]:
     """Each option of ``state`` and the state it leads to (a wait nothing can end left out)."""
     options = []
     for choice in model.options(state):
-        child = _apply(model, state, choice)
+        child = model.child(state, choice)
         if child is not None:
             options.append((choice, child))
     return options
-
-
-def _apply(model: _Model, state: _State, choice: int | None) -> _State | None:
-    child = state.copy()
-    if choice is None:
-        return child if model.wait(child) else None
-    model.compute(child, choice)
-    return child
 
 
 def _translated(state: _State, source: _Model, target: _Model) -> _State:
