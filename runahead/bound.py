@@ -415,16 +415,20 @@ def _first(option: tuple[float, _State]) -> float:
     return option[0]
 
 
+def rule_choice(model: _Model, state: _State, grouping: Grouping) -> Group | Hold | None:
+    """What ``grouping`` decides at ``state`` (left as it is), as the runtime's scheduler would: a
+    group to compute, a hold, or None (nothing ready)."""
+    queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)
+    queue.add_all([state.jobs[request] for request in state.ready])  # in the order they came
+    positions = {r: job.progress for r, job in state.jobs.items()}
+    lanes = {r: r for r in range(model.case.requests)}
+    return queue.plan(positions, lanes, _outlook(model, state))
+
+
 def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:
     """Play ``grouping`` from ``state`` (changed in place) to the end of the case."""
-    case = model.case
-    lanes = {r: r for r in range(case.requests)}
     while not model.done(state):
-        queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)
-        queue.add_all([state.jobs[request] for request in state.ready])  # in the order they came
-        positions = {r: job.progress for r, job in state.jobs.items()}
-        outlook = _outlook(model, state)
-        choice = queue.plan(positions, lanes, outlook)
+        choice = rule_choice(model, state, grouping)
         if isinstance(choice, Group):
             model.compute(state, choice.layer)
         elif isinstance(choice, Hold):

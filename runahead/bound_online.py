@@ -16,14 +16,29 @@ better non-anticipating policy may exist.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from runahead.bound import Schedule, SmallCase, _Model, _play, _State
+from runahead.bound import Schedule, SmallCase, _Model, _outlook, _play, _State, rule_choice
+from runahead.jobs import ExpertId, Group, Job
 from runahead.scheduling import Grouping
 
 StepRouting = Sequence[tuple[int, ...]]  # one step of one request: the experts of each layer
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One decision of :func:`sampled_pilot_schedule`: at ``state`` of ``model``, each option (a
+    layer to compute, or None: wait) with the state it leads to, the mean makespan of the grouping's
+    rollouts from it over the samples, and the index of the option taken (the least mean)."""
+
+    model: _Model
+    state: _State
+    options: list[tuple[int | None, _State]]
+    means: list[float]
+    taken: int
 
 
 def sampled_pilot_schedule(
@@ -32,11 +47,13 @@ def sampled_pilot_schedule(
     history: Sequence[Sequence[StepRouting]],
     samples: int,
     seed: int = 0,
+    observe: Callable[[Decision], object] | None = None,
 ) -> Schedule:
     """The pilot method on sampled completions of the routing (module note). ``history[request]``:
     steps of that request's routing to draw its unrevealed layers from, each a step's experts by
-    layer; ``samples``: completions drawn at each decision; ``seed``: the draws'. ``explored``
-    counts the schedules played."""
+    layer; ``samples``: completions drawn at each decision; ``seed``: the draws'; ``observe``: called
+    with each :class:`Decision` that had a choice, before the option is taken. ``explored`` counts
+    the schedules played."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if len(history) != case.requests or not all(history):
@@ -63,8 +80,92 @@ def sampled_pilot_schedule(
                 assert child is not None  # the same revealed state offers the same options
                 totals[index] += _play(completed, child, grouping).makespan
                 played += 1
-        state = options[min(range(len(options)), key=totals.__getitem__)][1]
+        taken = min(range(len(options)), key=totals.__getitem__)
+        if observe is not None:
+            observe(Decision(model, state, options, [total / samples for total in totals], taken))
+        state = options[taken][1]
     return model.result(state, played)
+
+
+@dataclass(frozen=True, slots=True)
+class Parting:
+    """A decision where the pilot without hindsight and a grouping rule choose differently.
+
+    ``ready``: ``(layer, request)`` of each ready job; ``blocked``: ``(layer, request, experts
+    missing, seconds until the last of them lands)`` of each blocked job, ``inf`` where a read has
+    not started; ``rule`` and ``reference``: the layer each computes, None where it waits (the
+    rule's hold, whatever its deadline, and the reference's wait for the next event count alike);
+    ``means``: each option's mean makespan over the samples; ``compute_share``: the rule's (None
+    where it builds no outlook)."""
+
+    now: float
+    ready: tuple[tuple[int, int], ...]
+    blocked: tuple[tuple[int, int, int, float], ...]
+    rule: int | None
+    reference: int | None
+    means: dict[int | None, float]
+    compute_share: float | None
+
+    @property
+    def regret(self) -> float:
+        """How much longer the rule's option is than the reference's, in mean makespan."""
+        return self.means[self.rule] - self.means[self.reference]
+
+
+def partings(
+    case: SmallCase,
+    grouping: Grouping,
+    history: Sequence[Sequence[StepRouting]],
+    samples: int,
+    seed: int = 0,
+) -> tuple[Schedule, list[Parting]]:
+    """:func:`sampled_pilot_schedule` with ``grouping`` as its rollouts' rule, and each decision on its
+    way where ``grouping`` itself would choose otherwise (where to look for what the rule lacks)."""
+    found: list[Parting] = []
+
+    def note(decision: Decision) -> None:
+        model, state = decision.model, decision.state
+        choice = rule_choice(model, state, grouping)
+        rule = choice.layer if isinstance(choice, Group) else None
+        choices = [option for option, _ in decision.options]
+        if rule == choices[decision.taken] or rule not in choices:
+            return
+        lands = model.landings(state)
+        resident, _ = model.cache_view(state)
+        outlook = _outlook(model, state)
+        found.append(
+            Parting(
+                state.now,
+                tuple(sorted((state.jobs[r].layer, r) for r in state.ready)),
+                tuple(
+                    sorted(
+                        (
+                            job.layer,
+                            job.request,
+                            model.unlanded(state, job).bit_count(),
+                            _lands_in(job, state.now, resident, lands),
+                        )
+                        for job in model.blocked(state)
+                    )
+                ),
+                rule,
+                choices[decision.taken],
+                dict(zip(choices, decision.means, strict=True)),
+                None if outlook is None else outlook.compute_share,
+            )
+        )
+
+    schedule = sampled_pilot_schedule(case, grouping, history, samples, seed, observe=note)
+    return schedule, found
+
+
+def _lands_in(job: Job, now: float, resident: Container[ExpertId], lands: Mapping[ExpertId, float]) -> float:
+    """Seconds from ``now`` until the last of ``job``'s missing experts lands (inf: one not started)."""
+    last = now
+    for expert in job.ids:
+        if expert not in resident:
+            last = max(last, lands.get(expert, math.inf))
+    return last - now
 
 
 def completion(

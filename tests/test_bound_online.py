@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from runahead.bound import SmallCase, pilot_schedule
-from runahead.bound_online import sampled_pilot_schedule
+from runahead.bound import SmallCase, pilot_schedule, run_policy
+from runahead.bound_online import partings, sampled_pilot_schedule
 from runahead.jobs import ExpertKey
 from runahead.scheduling import Grouping
 
@@ -87,3 +87,42 @@ def test_the_bench_reports_it_beside_the_bound() -> None:
     )
     with pytest.raises(ValueError, match="1 to 8 warm-up steps"):
         bench.measure("qwen3.6-35b-a3b", "thor", 2, 6, 0.3, False, warmup=8, online_samples=2, history=9)
+
+
+@pytest.mark.parametrize(("seed", "linked"), [(s, False) for s in range(8)] + [(s, True) for s in range(8)])
+def test_partings_are_the_pilots_decisions_where_the_rule_chose_otherwise(seed: int, linked: bool) -> None:
+    case = one_step_case(seed, linked)
+    history = own_step(case)  # the truth as the only sample: the pilot with hindsight
+    schedule, found = partings(case, RULE, history, samples=2, seed=seed)
+    assert schedule == sampled_pilot_schedule(case, RULE, history, samples=2, seed=seed)
+    for parting in found:
+        assert parting.rule != parting.reference
+        assert parting.means[parting.reference] == min(parting.means.values())  # the option taken
+        assert parting.regret >= 0
+        assert {layer for layer, _ in parting.ready} >= {
+            c for c in (parting.rule, parting.reference) if c is not None
+        }
+    # each decision takes the option whose rollout (the rule to the end) is shortest, and the rule's
+    # own option's rollout is the rule's makespan from there: the pilot only gains where they part
+    if schedule.makespan < run_policy(case, RULE).makespan - 1e-12:
+        assert any(parting.regret > 0 for parting in found)
+
+
+def test_partings_are_found_where_the_rule_leaves_time() -> None:
+    # over these cases the pilot beats the rule somewhere, so the test above asserts something
+    beaten = 0
+    for seed in range(16):
+        case = one_step_case(seed)
+        if pilot_schedule(case, RULE).makespan < run_policy(case, RULE).makespan - 1e-12:
+            beaten += 1
+            assert any(parting.regret > 0 for parting in partings(case, RULE, own_step(case), samples=1)[1])
+    assert beaten >= 2
+
+
+def test_the_partings_bench_names_each_kind() -> None:
+    bench = load_bench_script("grouping_partings")
+    makespan, found = bench.step_partings("gemma4-26b-a4b", "thor", 2, seed=0, samples=2)
+    assert makespan > 0
+    for parting in found:
+        assert bench.kind(parting) in {"wait", "runner", "lower", "compute", "runner-in-hold"}
+        assert "regret=" in bench.describe(parting)
