@@ -12,6 +12,11 @@ layer not yet revealed (``tests/test_bound_online.py``), so the schedule is one 
 knowing the routing's distribution; with the case's own step as the only history it is the pilot
 schedule. It is a reference, not a bound: ``samples`` rollouts per option are an estimate, and a
 better non-anticipating policy may exist.
+
+:func:`partings` plays the same reference and names each decision where a rule would have chosen
+otherwise, with what the rule saw: where to look for a decision the rule could make better without
+hindsight (``bench/grouping_partings.py``; docs/results-core.md, "Where the reference without
+hindsight parts from the rule at 4 requests").
 """
 
 from __future__ import annotations
