@@ -174,6 +174,7 @@ class _Model:
         self.case = case
         self.last = case.layers - 1
         self.lowest_first = lowest_first  # offer only the lowest ready layer (and waiting)
+        self.lanes = {r: r for r in range(case.requests)}  # each request its own lane (the rules' input)
         self._prepare()
 
     def start(self) -> _State:
@@ -421,8 +422,7 @@ def rule_choice(model: _Model, state: _State, grouping: Grouping) -> Group | Hol
     queue = ComputeQueue(ComputeOrder.LOWEST_LAYER, grouping)
     queue.add_all([state.jobs[request] for request in state.ready])  # in the order they came
     positions = {r: job.progress for r, job in state.jobs.items()}
-    lanes = {r: r for r in range(model.case.requests)}
-    return queue.plan(positions, lanes, _outlook(model, state))
+    return queue.plan(positions, model.lanes, _outlook(model, state))
 
 
 def _play(model: _Model, state: _State, grouping: Grouping) -> Schedule:

@@ -21,13 +21,13 @@ hindsight parts from the rule at 4 requests").
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from runahead.bound import Schedule, SmallCase, _Model, _outlook, _play, _State, rule_choice
-from runahead.jobs import ExpertId, Group, Job
+from runahead.jobs import Group
+from runahead.landing import last_landing
 from runahead.scheduling import Grouping
 
 StepRouting = Sequence[tuple[int, ...]]  # one step of one request: the experts of each layer
@@ -148,7 +148,7 @@ def partings(
                             job.layer,
                             job.request,
                             model.unlanded(state, job).bit_count(),
-                            _lands_in(job, state.now, resident, lands),
+                            last_landing(job, state.now, resident, lands) - state.now,
                         )
                         for job in model.blocked(state)
                     )
@@ -162,15 +162,6 @@ def partings(
 
     schedule = sampled_pilot_schedule(case, grouping, history, samples, seed, observe=note)
     return schedule, found
-
-
-def _lands_in(job: Job, now: float, resident: Container[ExpertId], lands: Mapping[ExpertId, float]) -> float:
-    """Seconds from ``now`` until the last of ``job``'s missing experts lands (inf: one not started)."""
-    last = now
-    for expert in job.ids:
-        if expert not in resident:
-            last = max(last, lands.get(expert, math.inf))
-    return last - now
 
 
 def completion(

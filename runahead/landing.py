@@ -110,13 +110,22 @@ def imminent(
     for job in blocked:
         if job.layer > layer:
             continue
-        ready_at = now
-        for expert in filterfalse(resident.__contains__, job.ids):
-            ready_at = max(ready_at, lands.get(expert, math.inf))
+        ready_at = last_landing(job, now, resident, lands)
         if ready_at > limit and (saving is None or not saving.covers(job, ready_at - now)):
             continue
         until = ready_at if until is None else max(until, ready_at)
     return until
+
+
+def last_landing(
+    job: Job, now: float, resident: Container[ExpertId], lands: Mapping[ExpertId, float]
+) -> float:
+    """When the last of ``job``'s missing experts (those not in ``resident``) lands: ``now`` if none
+    is missing, ``inf`` if one is not in flight (not in ``lands``)."""
+    ready_at = now
+    for expert in filterfalse(resident.__contains__, job.ids):
+        ready_at = max(ready_at, lands.get(expert, math.inf))
+    return ready_at
 
 
 class MergeSaving:
