@@ -194,11 +194,13 @@ def landing_times(
     lands = dict.fromkeys(pending, cursor)
     ready_at = {}
     for _, job, keys in sorted(order, key=_first):
+        placed = cursor
         for key in keys:
             if key not in lands:
                 cursor += fetch_s
                 lands[key] = cursor
-        ready_at[job.request] = max(map(lands.__getitem__, keys), default=now)
+        # the cursor only grows: a read placed just now lands after every one placed before it
+        ready_at[job.request] = cursor if cursor != placed else max(map(lands.__getitem__, keys), default=now)
     return ready_at, cursor
 
 

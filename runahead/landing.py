@@ -110,21 +110,45 @@ def imminent(
     for job in blocked:
         if job.layer > layer:
             continue
-        ready_at = last_landing(job, now, resident, lands)
-        if ready_at > limit and (saving is None or not saving.covers(job, ready_at - now)):
-            continue
-        until = ready_at if until is None else max(until, ready_at)
+        # a prompt's job has hundreds of experts: stop reading them once it cannot qualify
+        ready_at = last_landing(job, now, resident, lands, limit)
+        if ready_at > limit:
+            if saving is None:
+                continue
+            longest = now + saving.longest_wait + _MARGIN_S  # what any merge could cover, and a margin
+            if ready_at > longest:
+                continue
+            ready_at = last_landing(job, now, resident, lands, longest)
+            if not saving.covers(job, ready_at - now):
+                continue
+        until = ready_at if until is None or ready_at > until else until
     return until
 
 
+_MARGIN_S = 1e-9
+"""How far past the longest wait a merge could cover :func:`imminent` reads a job's landings before
+it stops: far above a time's float rounding (1e-14 s at 100 s), far below a read (1e-4 s), so every
+job :meth:`MergeSaving.covers` would take is priced exactly."""
+
+
 def last_landing(
-    job: Job, now: float, resident: Container[ExpertId], lands: Mapping[ExpertId, float]
+    job: Job,
+    now: float,
+    resident: Container[ExpertId],
+    lands: Mapping[ExpertId, float],
+    beyond: float = math.inf,
 ) -> float:
     """When the last of ``job``'s missing experts (those not in ``resident``) lands: ``now`` if none
-    is missing, ``inf`` if one is not in flight (not in ``lands``)."""
-    ready_at = now
+    is missing, ``inf`` if one is not in flight (not in ``lands``). With ``beyond``, it may stop at
+    the first missing expert landing later than that (or not in flight) and return that time: any
+    answer above ``beyond`` then says only that the job is not ready by ``beyond``."""
+    ready_at, when = now, lands.get
     for expert in filterfalse(resident.__contains__, job.ids):
-        ready_at = max(ready_at, lands.get(expert, math.inf))
+        at = when(expert, math.inf)
+        if at > ready_at:
+            if at > beyond:
+                return at
+            ready_at = at
     return ready_at
 
 
@@ -148,8 +172,12 @@ class MergeSaving:
         joined = job if job.layer == layer else replace(job, layer=layer)
         return self.most + self.group_s([joined]) - self.group_s([*self.members, joined])
 
+    @property
+    def longest_wait(self) -> float:
+        """The longest wait any job's merge could cover: the share of :attr:`most`."""
+        return HOLD_MERGE_SHARE / len(self.members) * self.most
+
     def covers(self, job: Job, wait_s: float) -> bool:
         """Whether a wait of ``wait_s`` for ``job`` lasts at most :data:`HOLD_MERGE_SHARE` of what
         its merge saves, per ready job (each one's reveals wait as long)."""
-        share = HOLD_MERGE_SHARE / len(self.members)
-        return wait_s <= share * self.most and wait_s <= share * self(job)
+        return wait_s <= self.longest_wait and wait_s <= HOLD_MERGE_SHARE / len(self.members) * self(job)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 from groupinghelpers import job, shared_plus_per_job, states
 
@@ -16,6 +19,7 @@ from runahead.landing import (
     LinkModel,
     MergeSaving,
     imminent,
+    last_landing,
 )
 from runahead.scheduling import ComputeOrder, ComputeQueue, Grouping
 
@@ -101,6 +105,54 @@ def test_a_job_is_about_to_be_ready_sooner_than_its_merge_pays_for() -> None:
     far = {expert_id(ExpertKey(3, 4)): 5.0}
     assert imminent(0.0, 3, [same], view, far, window, MergeSaving(ready, spy)) is None
     assert priced == [1]  # the ready group alone
+
+
+def test_stopping_early_at_a_limit_changes_no_answer() -> None:
+    """``last_landing`` with ``beyond`` answers exactly while the job is ready by then, and above
+    ``beyond`` otherwise; ``imminent``, which stops reading a job's experts there, names the same
+    time as the plain fold over every missing expert of every job (random cases, merge window on and
+    off, waits at the window's edge included)."""
+
+    def plain(now, layer, blocked, resident, lands, window_s, saving=None):  # type: ignore[no-untyped-def]
+        until = None
+        for candidate in blocked:
+            if candidate.layer > layer:
+                continue
+            ready_at = max([now, *(lands.get(e, math.inf) for e in candidate.ids if e not in resident)])
+            if ready_at > now + window_s and (saving is None or not saving.covers(candidate, ready_at - now)):
+                continue
+            until = ready_at if until is None else max(until, ready_at)
+        return until
+
+    rng = random.Random(11)
+    checked = stopped = 0
+    for _ in range(400):
+        now = rng.choice([0.0, 0.7, 12.3])
+        keys = [ExpertKey(layer, expert) for layer in (1, 2, 3) for expert in range(6)]
+        missing = set(rng.sample(keys, rng.randint(0, len(keys))))
+        in_flight = [key for key in missing if rng.random() < 0.8]
+        # landings on a grid of windows, so that some sit exactly at a limit
+        lands = {expert_id(key): now + rng.randint(0, 12) * 0.025 for key in in_flight}
+        resident = states(wanted=missing)[0]
+        blocked = [job(r, rng.choice((1, 2, 3)), tuple(rng.sample(range(6), rng.randint(1, 6)))) for r in range(5)]
+        ready = [job(9, 2, (0,)), job(8, 2, (1,))][: rng.randint(1, 2)]
+        saving = MergeSaving(ready, shared_plus_per_job(rng.choice((0.05, 0.2, 0.4)), 0.05))
+        for window in (0.0, 0.05, 0.1):
+            for merge in (None, saving):
+                assert imminent(now, 2, blocked, resident, lands, window, merge) == plain(
+                    now, 2, blocked, resident, lands, window, merge
+                )
+        for candidate in blocked:
+            whole = last_landing(candidate, now, resident, lands)
+            beyond = now + rng.randint(0, 12) * 0.025
+            early = last_landing(candidate, now, resident, lands, beyond)
+            checked += 1
+            if whole <= beyond:
+                assert early == whole
+            else:
+                assert beyond < early <= whole
+                stopped += early < whole
+    assert checked == 2000 and stopped > 50  # the early stop happened, and answered as it should
 
 
 def modelled(blocked: list, lands: dict, share: float = HOLD_MIN_COMPUTE_SHARE / 2) -> Outlook:
