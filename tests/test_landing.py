@@ -134,7 +134,8 @@ def test_stopping_early_at_a_limit_changes_no_answer() -> None:
         # landings on a grid of windows, so that some sit exactly at a limit
         lands = {expert_id(key): now + rng.randint(0, 12) * 0.025 for key in in_flight}
         resident = states(wanted=missing)[0]
-        blocked = [job(r, rng.choice((1, 2, 3)), tuple(rng.sample(range(6), rng.randint(1, 6)))) for r in range(5)]
+        experts = [tuple(rng.sample(range(6), rng.randint(1, 6))) for _ in range(5)]
+        blocked = [job(r, rng.choice((1, 2, 3)), ids) for r, ids in enumerate(experts)]
         ready = [job(9, 2, (0,)), job(8, 2, (1,))][: rng.randint(1, 2)]
         saving = MergeSaving(ready, shared_plus_per_job(rng.choice((0.05, 0.2, 0.4)), 0.05))
         for window in (0.0, 0.05, 0.1):
