@@ -18,7 +18,7 @@ from typing import Any
 
 from runahead.backends.sim import SimBackend
 from runahead.bench_requests import WORKLOADS, request_specs
-from runahead.clock import run_virtual
+from runahead.clock import check_charge_scale, run_virtual
 from runahead.costs import CostModel
 from runahead.jobs import ExpertId, ExpertKey, RequestSpec, expert_ids, expert_key
 from runahead.metrics import host_cpu, summarize, summarize_window
@@ -77,6 +77,9 @@ class BenchPoint:
     """Every expert that fits in the cache is resident before the run (not counted as reads): an
     engine that loaded its model at start (``Runtime.preload``). Without it a cache of every expert
     still reads, once each, the experts the warm-up steps did not use."""
+    charge_scale: float = 1.0
+    """With ``charge_overhead``, the charged CPU time times this: what the runtime's own cost does on
+    a host whose cores run its Python that many times slower than this one's (a Jetson's, say)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -91,6 +94,11 @@ class BenchPoint:
             raise ValueError(f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        check_charge_scale(self.charge_scale)
+        if self.charge_scale != 1.0 and not self.charge_overhead:
+            raise ValueError(
+                f"a charge scale ({self.charge_scale}) needs charge_overhead: without it nothing is charged"
+            )
         check_concurrency(self.policy, self.concurrency)
 
 
@@ -164,12 +172,14 @@ def run_point(point: BenchPoint, trace: RoutingTrace | None = None, timeline: An
         runtime.cache.warm_ids(
             list(itertools.islice((e for e in rest if e not in resident), slots - len(resident)))
         )
-    charge = point.charge_overhead
+    charge, scale = point.charge_overhead, point.charge_scale
     wall, cpu = time.perf_counter(), time.process_time()
     if point.workload == "agentic":
-        drain = run_virtual(lambda: closed_loop(runtime, specs, point.concurrency), charge_cpu=charge)
+        drain = run_virtual(
+            lambda: closed_loop(runtime, specs, point.concurrency), charge_cpu=charge, charge_scale=scale
+        )
     else:
-        run_virtual(lambda: runtime.run(specs), charge_cpu=charge)
+        run_virtual(lambda: runtime.run(specs), charge_cpu=charge, charge_scale=scale)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall  # the run only, not its summary
     extra: dict[str, Any] = {}
     if point.workload == "agentic":
@@ -282,6 +292,7 @@ def sweep(
     charge_overhead: bool = False,
     workload_file: str | None = None,
     preload: bool = False,
+    charge_scale: float = 1.0,
 ) -> list[BenchPoint]:
     """Every combination, concurrency-major so rows that compare policies sit together."""
     return [
@@ -302,6 +313,7 @@ def sweep(
             charge_overhead,
             workload_file,
             preload,
+            charge_scale,
         )
         for concurrency, fraction, barrier, policy in itertools.product(
             concurrencies, cache_fractions, barriers, policies

@@ -206,7 +206,14 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"--workload and --workload-file shape the sim backend's requests: drop them for --backend "
                 f"{args.backend} (it decodes the chat workload)"
             )
+        if args.charge_overhead or args.charge_scale != 1.0:
+            raise ValueError(
+                "--charge-overhead and --charge-scale charge the runtime's CPU time to the sim's virtual "
+                f"clock; --backend {args.backend} runs on real time, which already pays it: drop them"
+            )
         return run_torch_bench(args)
+    if args.charge_scale != 1.0 and not args.charge_overhead:
+        raise ValueError("--charge-scale scales what --charge-overhead charges: give both, or drop it")
     if args.reads_in_flight is not None:
         raise ValueError(
             "--reads-in-flight sets a real store's reads; the sim's link keeps its profile's "
@@ -239,6 +246,7 @@ def run_bench(args: argparse.Namespace) -> int:
         charge_overhead=args.charge_overhead,
         workload_file=args.workload_file,
         preload=args.preload,
+        charge_scale=args.charge_scale,
     )
     if args.workload_file is not None:
         count = check_workload_file(args.workload, args.workload_file)

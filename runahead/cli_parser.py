@@ -247,6 +247,14 @@ def _add_bench(bench: argparse.ArgumentParser) -> None:
         "vary slightly between runs)",
     )
     bench.add_argument(
+        "--charge-scale",
+        type=a.POSITIVE,
+        default=1.0,
+        metavar="X",
+        help="sim, with --charge-overhead: charge X times the CPU time spent, as on a host whose cores "
+        "run the runtime X times slower than this one's (a Jetson's, say; default 1)",
+    )
+    bench.add_argument(
         "--trace",
         type=Path,
         help="sim: a recorded routing trace (.npz, see generate --record-trace) instead of the synthetic one",

@@ -113,16 +113,18 @@ class _VirtualSelector(selectors.DefaultSelector):
 
     With ``charge_cpu``, every poll first advances the clock by the CPU time this thread spent
     since the previous poll (the callbacks the loop just ran), so the runtime's own work takes
-    virtual time, serially, as it does on a real machine's event loop thread. The charge's own work
+    virtual time, serially, as it does on a real machine's event loop thread; ``charge_scale``
+    times it (a host whose cores run the runtime's Python that many times slower). The charge's own work
     is left out: each interval between two polls holds one poll's clock reading and arithmetic,
     ``poll_ns`` (measured once per process; ~2-3 us on a virtual machine where reading the thread's
     CPU clock is a system call), which a loop that does not charge never does.
     """
 
-    def __init__(self, charge_cpu: bool = False) -> None:
+    def __init__(self, charge_cpu: bool = False, charge_scale: float = 1.0) -> None:
         super().__init__()
         self.ticks = 0
         self.charge_cpu = charge_cpu
+        self.charge_scale = charge_scale
         self.charged_ticks = 0  # virtual time that was CPU time of the loop's callbacks
         self.poll_ns = _poll_cost_ns() if charge_cpu else 0
         self._cpu_ns: int | None = None
@@ -150,12 +152,19 @@ class _VirtualSelector(selectors.DefaultSelector):
         if self._cpu_ns is None:
             self._cpu_ns = now
             return 0
-        self._carry_ns += max(0, now - self._cpu_ns - self.poll_ns)
+        spent = max(0, now - self._cpu_ns - self.poll_ns)
+        self._carry_ns += spent if self.charge_scale == 1.0 else round(spent * self.charge_scale)
         self._cpu_ns = now
         ticks, self._carry_ns = divmod(self._carry_ns, 1_000_000_000 // TICKS_PER_S)
         self.ticks += ticks
         self.charged_ticks += ticks
         return ticks
+
+
+def check_charge_scale(scale: float) -> None:
+    """Raise ``ValueError`` unless ``scale`` is a finite factor above 0 for the charged CPU time."""
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"the charged CPU time's scale must be a finite number above 0, got {scale}")
 
 
 @functools.cache
@@ -224,8 +233,8 @@ class _TimerHandle(events.TimerHandle):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An asyncio loop on virtual time starting at 0: waits take no wall time. No threads in it.
 
-    ``charge_cpu``: the loop's own CPU time also advances the clock (see :class:`_VirtualSelector`);
-    runs are then no longer identical from one run to the next.
+    ``charge_cpu``: the loop's own CPU time (times ``charge_scale``) also advances the clock (see
+    :class:`_VirtualSelector`); runs are then no longer identical from one run to the next.
 
     NOTE (why it overrides asyncio's private loop methods): a simulated run is nothing but callbacks,
     several per job, so the loop's own bookkeeping per callback is a large part of a run's CPU.
@@ -243,8 +252,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     methods expect (:meth:`set_debug` converts it either way).
     """
 
-    def __init__(self, charge_cpu: bool = False) -> None:
-        self._virtual = _VirtualSelector(charge_cpu)
+    def __new__(cls, charge_cpu: bool = False, charge_scale: float = 1.0) -> VirtualTimeLoop:
+        check_charge_scale(charge_scale)  # before a loop exists: a half-built one fails in __del__
+        return super().__new__(cls)
+
+    def __init__(self, charge_cpu: bool = False, charge_scale: float = 1.0) -> None:
+        self._virtual = _VirtualSelector(charge_cpu, charge_scale)
         super().__init__(self._virtual)
 
     def time(self) -> float:
@@ -385,11 +398,13 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                 return
 
 
-def run_virtual(main: Callable[[], Coroutine[Any, Any, T]], *, charge_cpu: bool = False) -> T:
+def run_virtual(
+    main: Callable[[], Coroutine[Any, Any, T]], *, charge_cpu: bool = False, charge_scale: float = 1.0
+) -> T:
     """Run ``main()`` on a fresh :class:`VirtualTimeLoop` and return its result.
 
     ``charge_cpu``: advance virtual time by the CPU time the loop's callbacks (the actors, the
-    backend) spend, as :class:`VirtualTimeLoop` describes.
+    backend) spend, times ``charge_scale``, as :class:`VirtualTimeLoop` describes.
     """
-    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(charge_cpu)) as runner:
+    with asyncio.Runner(loop_factory=lambda: VirtualTimeLoop(charge_cpu, charge_scale)) as runner:
         return runner.run(main())

@@ -75,6 +75,12 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["serve", "m", "--reads-in-flight", "0"], "argument --reads-in-flight: must be >= 1, got 0"),
         (["bench", "--reads-in-flight", "8"], "the sim's link keeps its profile's link_queue_depth"),
         (["bench", "--inline-compute", "off"], "the sim computes on virtual time: drop it"),
+        (["bench", "--charge-scale", "0"], "argument --charge-scale: must be > 0.0, got 0.0"),
+        (["bench", "--charge-scale", "3"], "--charge-scale scales what --charge-overhead charges"),
+        (
+            ["bench", "--backend", "torch", "--charge-overhead"],
+            "--backend torch runs on real time, which already pays it: drop them",
+        ),
         (["serve", "m", "--inline-compute", "maybe"], "argument --inline-compute: invalid choice: 'maybe'"),
         (["serve", "m", "--threads", "two"], "argument --threads: expected an integer, got 'two'"),
         (["generate", "m", "--prompt", "x", "--temperature", "nan"], "expected a finite number, got 'nan'"),

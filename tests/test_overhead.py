@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import replace
 
@@ -53,6 +54,41 @@ def test_charged_loop_reports_what_it_charged() -> None:
         assert loop.charged_s >= 0.02
     finally:
         loop.close()
+
+
+def test_a_charge_scale_multiplies_the_charged_cpu_time() -> None:
+    """A host whose cores run the runtime four times slower: the same burn takes four times the
+    virtual time (each run's own burn measured by what it charged, so a loaded machine cannot fail
+    it), and a sleep longer than the scaled burn still overlaps it."""
+    for scale in (1.0, 4.0):
+        loop = VirtualTimeLoop(charge_cpu=True, charge_scale=scale)
+        try:
+            burn_s = 0.02
+            start = time.thread_time()
+            after_burn, end = loop.run_until_complete(_sleep_while_burning(1.0, burn_s))
+            spent = time.thread_time() - start  # the burn and the loop's few callbacks
+            assert 0.99 * burn_s * scale <= after_burn <= spent * scale + 1e-3
+            assert 0.99 * burn_s * scale <= loop.charged_s <= spent * scale + 1e-3
+            assert 1.0 <= end < 1.01  # the sleep outlasts the scaled burn: it ran alongside
+        finally:
+            loop.close()
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="charged CPU time's scale"):
+            VirtualTimeLoop(charge_cpu=True, charge_scale=bad)
+
+
+def test_a_bench_point_scales_its_charge_only_when_it_charges() -> None:
+    from runahead.paper.runner import point_key
+
+    point = BenchPoint("qwen3.6-35b-a3b", "thor", "sync", 2, 0.3, 3, warmup_steps=1, charge_overhead=True)
+    assert "charge_scale" not in json.loads(point_key(point))  # rows stored before it keep their keys
+    slow = replace(point, charge_scale=8.0)
+    assert json.loads(point_key(slow))["charge_scale"] == 8.0
+    assert run_point(slow)["makespan_s"] > run_point(point)["makespan_s"]
+    with pytest.raises(ValueError, match="needs charge_overhead"):
+        replace(point, charge_overhead=False, charge_scale=2.0)
+    with pytest.raises(ValueError, match="finite number above 0"):
+        replace(point, charge_scale=0.0)
 
 
 def test_fit_recovers_per_job_group_and_read_costs() -> None:

@@ -41,6 +41,8 @@ def point_key(point: Point) -> str:
         del fields["workload_file"]  # likewise
     if fields.get("preload") is False:
         del fields["preload"]  # likewise
+    if fields.get("charge_scale") == 1.0:
+        del fields["charge_scale"]  # likewise
     return json.dumps({"kind": type(point).__name__, **fields}, sort_keys=True)
 
 
