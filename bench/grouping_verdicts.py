@@ -26,8 +26,8 @@ counts: collections.Counter[object] = collections.Counter()
 declined: list[tuple[float, float, float]] = []
 
 
-def counted_weigh_hold(now, ready, waiting, link_free_at, group_s, *, tail=False, pricer=None):  # type: ignore[no-untyped-def]
-    verdict = weigh_hold(now, ready, waiting, link_free_at, group_s, tail=tail, pricer=pricer)
+def counted_weigh_hold(now, ready, waiting, link_free_at, group_s, *, tail=False, **options):  # type: ignore[no-untyped-def]
+    verdict = weigh_hold(now, ready, waiting, link_free_at, group_s, tail=tail, **options)
     where = "tail" if tail else "below the tail"
     if verdict.deadline is not None:
         counts[where, "held"] += 1

@@ -57,6 +57,36 @@ class Regrouped:
         return self.group_s(self.jobs)
 
 
+class PricedGroup:
+    """One decision's ready group, priced at most once (built on first use): its cost for
+    :class:`runahead.landing.MergeSaving`, and its running group for :func:`weigh_hold` to grow."""
+
+    __slots__ = ("_jobs", "_price", "_running", "_seconds")
+
+    def __init__(self, jobs: Sequence[Job], price: GroupPricer) -> None:
+        self._jobs, self._price = jobs, price
+        self._running: RunningGroup | None = None
+        self._seconds: float | None = None
+
+    def seconds(self) -> float:
+        """The group's compute seconds (``group_s`` of its jobs, bit for bit)."""
+        if self._seconds is None:
+            self._seconds = self._grown().seconds()
+        return self._seconds
+
+    def take(self) -> RunningGroup:
+        """The running group of these jobs, for the caller to grow: asked for once (the last use)."""
+        self.seconds()
+        running = self._grown()
+        self._running = None  # grown from now on: a later use prices the jobs anew
+        return running
+
+    def _grown(self) -> RunningGroup:
+        if self._running is None:
+            self._running = self._price(self._jobs)
+        return self._running
+
+
 @dataclass(frozen=True, slots=True)
 class Outlook:
     """What the runtime knows when the compute unit frees up (``bottleneck`` grouping's inputs).
@@ -225,6 +255,7 @@ def weigh_hold(
     tail: bool = False,
     pricer: GroupPricer | None = None,
     slack: float = HOLD_LINK_SLACK,
+    priced: PricedGroup | None = None,
 ) -> HoldVerdict:
     """Whether to hold the ready group back, and why: a :class:`HoldVerdict`.
 
@@ -251,10 +282,13 @@ def weigh_hold(
     once that, less the wait's idle, cannot beat the best candidate, later (longer) waits are not
     priced. Pure and deterministic. ``g`` is ``group_s``; with a ``pricer`` (the same costs job by
     job, bit for bit) the two groups of option ``k`` are option ``k - 1``'s grown by one job.
+    ``priced``: ``ready`` as the caller priced it already (:class:`PricedGroup`, of ``pricer``).
     """
     price = pricer if pricer is not None else Regrouped.pricer(group_s)
-    together = price(ready)  # the ready group, then grown by each waiting job in turn
-    g_ready = together.seconds()
+    if priced is None:
+        priced = PricedGroup(ready, price)
+    g_ready = priced.seconds()
+    together = priced.take()  # the ready group, then grown by each waiting job in turn
     limit = _layer_done(now, g_ready, waiting, 0, price) if tail else max(link_free_at, now + g_ready)
     best, best_gain, top_gain = None, 0.0, 0.0
     held = price(())

@@ -113,7 +113,7 @@ def imminent(
         # a prompt's job has hundreds of experts: stop reading them once it cannot qualify
         ready_at = last_landing(job, now, resident, lands, limit)
         if ready_at > limit:
-            if saving is None:
+            if saving is None or ready_at == math.inf:  # a read not started: no merge covers it
                 continue
             longest = now + saving.longest_wait + _MARGIN_S  # what any merge could cover, and a margin
             if ready_at > longest:
@@ -158,14 +158,21 @@ class MergeSaving:
     merges). A job is priced only when its reads land soon enough for the largest saving any merge
     could make (the ready group's own cost) to cover the wait."""
 
-    def __init__(self, members: Sequence[Job], group_s: Callable[[Sequence[Job]], float]) -> None:
+    def __init__(
+        self,
+        members: Sequence[Job],
+        group_s: Callable[[Sequence[Job]], float],
+        ready_s: Callable[[], float] | None = None,
+    ) -> None:
         self.members = list(members)
         self.group_s = group_s
+        self._ready_s = ready_s
 
     @functools.cached_property
     def most(self) -> float:
-        """The ready group's cost: no merge saves more (no group costs less than one of its parts)."""
-        return self.group_s(self.members)
+        """The ready group's cost (``ready_s()`` where the caller priced it already): no merge saves
+        more (no group costs less than one of its parts)."""
+        return self._ready_s() if self._ready_s is not None else self.group_s(self.members)
 
     def __call__(self, job: Job) -> float:
         layer = self.members[0].layer

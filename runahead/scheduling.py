@@ -33,6 +33,8 @@ from runahead.bottleneck import (
     HOLD_MIN_TAIL_SHARE,
     Hold,
     Outlook,
+    PricedGroup,
+    Regrouped,
     landing_order,
     landing_times,
     tail_waits,
@@ -198,11 +200,14 @@ class ComputeQueue:
                 until = tail_waits(outlook, members)
                 if until is not None:
                     return Hold(until + LANDED_AFTER_S)
+            # the ready group is priced once for the decision, where it is first needed
+            pricer = outlook.pricer if outlook.pricer is not None else Regrouped.pricer(outlook.group_s)
+            priced = PricedGroup(members, pricer)
             if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
                 window = HOLD_LANDING_WINDOW * outlook.fetch_s
                 # near enough the compute bottleneck, also a job whose merge pays for the wait
                 saving = (
-                    MergeSaving(members, outlook.group_s)
+                    MergeSaving(members, outlook.group_s, priced.seconds)
                     if outlook.compute_share >= HOLD_MIN_COMPUTE_SHARE
                     else None
                 )
@@ -228,6 +233,7 @@ class ComputeQueue:
                     tail=tail,
                     pricer=outlook.pricer,
                     slack=0.0 if outlook.measured else HOLD_LINK_SLACK,
+                    priced=priced,
                 ).deadline
                 if deadline is not None:  # when the job it waits for should land: just after
                     return Hold(deadline + LANDED_AFTER_S)
