@@ -158,14 +158,19 @@ class ComputeQueue:
         ready = self._ready
         if not ready:
             return None
-        if self.grouping.static:
-            members = self._static_candidate(positions, lanes)
-        else:
-            layer = min(ready.values(), key=_rank_of)[2].layer
-            members = [entry for entry in ready.values() if entry[2].layer == layer]
-        if not members:
-            return None
+        members = self._static_candidate(positions, lanes) if self.grouping.static else self._lowest()
+        return self._take(members) if members else None
+
+    def _lowest(self) -> list[tuple[tuple[int, ...], int, Job]]:
+        """The ready entries of the lowest-ranked ready job's layer (the opportunistic group)."""
+        ready = self._ready
+        layer = min(ready.values(), key=_rank_of)[2].layer
+        return [entry for entry in ready.values() if entry[2].layer == layer]
+
+    def _take(self, members: list[tuple[tuple[int, ...], int, Job]]) -> Group:
+        """Remove ``members`` from the ready jobs: one group, in order of arrival."""
         members.sort(key=_arrival_of)
+        ready = self._ready
         for _, _, job in members:
             del ready[job.request]
         return Group(members[0][2].layer, tuple([job for _, _, job in members]))
@@ -192,8 +197,8 @@ class ComputeQueue:
         """
         ready = self._ready
         if ready and outlook is not None and self.grouping.bottleneck and outlook.blocked:
-            layer = min(ready.values(), key=_rank_of)[2].layer
-            members = [entry[2] for entry in ready.values() if entry[2].layer == layer]
+            entries = self._lowest()
+            layer, members = entries[0][2].layer, [entry[2] for entry in entries]
             # a prefill wave before the last reveals its next wave's experts: not a tail group
             tail = layer == outlook.tail_layer and not any(job.remaining for job in members)
             if tail and not outlook.measured:  # the tail waits for its step (tail_waits)
@@ -237,6 +242,7 @@ class ComputeQueue:
                 ).deadline
                 if deadline is not None:  # when the job it waits for should land: just after
                     return Hold(deadline + LANDED_AFTER_S)
+            return self._take(entries)  # the opportunistic group, as select_group would take it
         return self.select_group(positions, lanes)
 
     def _static_candidate(
