@@ -23,6 +23,7 @@ from runahead.bottleneck import (
     Hold,
     LineFit,
     Outlook,
+    PricedGroup,
     landing_order,
     weigh_hold,
 )
@@ -38,7 +39,7 @@ from runahead.jobs import (
     RequestSpec,
     distinct_experts,
 )
-from runahead.landing import LANDED_AFTER_S
+from runahead.landing import LANDED_AFTER_S, MergeSaving
 from runahead.loops import loop_factory
 from runahead.mailbox import Mailbox
 from runahead.messages import Ready
@@ -212,6 +213,19 @@ def test_candidates_priced_job_by_job_decide_as_whole_groups(  # type: ignore[no
     assert pricer(everyone).seconds().hex() == whole(everyone).hex()
     plain = weigh_hold(0.0, ready, waiting, link_free_at, whole, tail=tail)
     assert weigh_hold(0.0, ready, waiting, link_free_at, whole, tail=tail, pricer=pricer) == plain
+    # the ready group priced once for the decision (the merge's saving first, as plan does): the
+    # same cost, bit for bit, and the same verdict from the group weigh_hold then grows
+    built = []
+
+    def counted(jobs):  # type: ignore[no-untyped-def]
+        built.append(list(jobs))
+        return pricer(built[-1])
+
+    priced = PricedGroup(ready, counted)
+    assert MergeSaving(ready, whole, priced.seconds).most.hex() == whole(ready).hex()
+    verdict = weigh_hold(0.0, ready, waiting, link_free_at, whole, tail=tail, pricer=counted, priced=priced)
+    assert verdict == plain
+    assert built.count(ready) == 1  # priced once (the other groups priced are the tail's rest)
 
 
 @settings(max_examples=200, deadline=None)
