@@ -7,7 +7,7 @@ overlap limit (compute + fetch) / max(compute, fetch) of sync's own row, the sha
 runahead reaches, runahead vs the best prefetcher, runahead's step time over its lower bound, and
 its both-busy fraction. Zero-cost rows (``--zero-cost``: the runtime's own cost, no modelled time)
 have no throughput to compare and are left out; charged rows (``--charge-overhead``) are compared
-with each other, never with uncharged ones.
+with each other (at one ``--charge-scale``), never with uncharged ones.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row.get("zero_cost"):
             continue
         where = (row["model"], row.get("profile", row.get("device")), row["concurrency"], row["cache_fraction"],
-                 row["step_barrier"], bool(row.get("charge_overhead")))
+                 row["step_barrier"], bool(row.get("charge_overhead")),
+                 row.get("charge_scale", 1.0) if row.get("charge_overhead") else None)
         points[where][row["policy"]] = row
     out = []
-    for (model, place, concurrency, fraction, barrier, _), by_policy in sorted(points.items()):
+    for (model, place, concurrency, fraction, barrier, *_), by_policy in sorted(points.items()):
         sync, runahead = by_policy.get("sync"), by_policy.get("runahead")
         if not sync or not runahead:
             continue
