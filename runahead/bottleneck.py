@@ -87,7 +87,7 @@ class PricedGroup:
         return self._running
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outlook:
     """What the runtime knows when the compute unit frees up (``bottleneck`` grouping's inputs).
 
@@ -95,7 +95,9 @@ class Outlook:
     the ids of the experts the cache holds and of those being read (the cache's ``resident_ids`` and
     ``pending_ids``); ``fetch_s``: link seconds one expert's read holds the link;
     ``group_s``: compute seconds of one group of the given jobs (one backend call). Times come
-    from the caller's clock; nothing here reads one.
+    from the caller's clock; nothing here reads one. Read-only by use, not ``frozen``: one is built
+    at every decision (and in every step of the small-case model's rollouts), and a frozen
+    dataclass's ``__init__`` cost 1.3 us against 0.27.
     """
 
     now: float
