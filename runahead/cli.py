@@ -194,6 +194,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from runahead.progress import progress_bar
     from runahead.trace import RoutingTrace
 
+    if args.charge_scale != 1.0 and not args.charge_overhead:
+        raise ValueError("--charge-scale scales what --charge-overhead charges: give both, or drop it")
     if args.what == "paper":
         return run_paper_command(args)
     if args.backend in ("torch", "mlx"):
@@ -212,8 +214,6 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"clock; --backend {args.backend} runs on real time, which already pays it: drop them"
             )
         return run_torch_bench(args)
-    if args.charge_scale != 1.0 and not args.charge_overhead:
-        raise ValueError("--charge-scale scales what --charge-overhead charges: give both, or drop it")
     if args.reads_in_flight is not None:
         raise ValueError(
             "--reads-in-flight sets a real store's reads; the sim's link keeps its profile's "
@@ -269,6 +269,7 @@ PAPER_OPTIONS = {
     "workers",
     "no_resume",
     "charge_overhead",
+    "charge_scale",
     "quiet",
     "log_json",
     "log_level",
@@ -314,6 +315,7 @@ def run_paper_command(args: argparse.Namespace) -> int:
             resume=not args.no_resume,
             progress=report,
             charge_overhead=args.charge_overhead,
+            charge_scale=args.charge_scale,
         )
     print(f"wrote {len(written)} files into {args.out}")
     return 0

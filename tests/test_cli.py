@@ -77,6 +77,7 @@ def test_defaults_read_as_the_user_types_them() -> None:
         (["bench", "--inline-compute", "off"], "the sim computes on virtual time: drop it"),
         (["bench", "--charge-scale", "0"], "argument --charge-scale: must be > 0.0, got 0.0"),
         (["bench", "--charge-scale", "3"], "--charge-scale scales what --charge-overhead charges"),
+        (["bench", "paper", "--out", "x", "--charge-scale", "3"], "--charge-scale scales what"),
         (
             ["bench", "--backend", "torch", "--charge-overhead"],
             "--backend torch runs on real time, which already pays it: drop them",

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -183,6 +184,7 @@ def test_charging_overhead_slows_the_simulated_run_down() -> None:
 
 
 def test_the_paper_runner_charges_every_bench_point_when_asked() -> None:
+    from runahead.paper import run_paper
     from runahead.paper.runner import point_key
     from runahead.paper.settings import TINY, figure_points
 
@@ -196,6 +198,16 @@ def test_the_paper_runner_charges_every_bench_point_when_asked() -> None:
     assert len(charged) == len(plain) > 50
     assert all(p.charge_overhead for p in charged) and not any(p.charge_overhead for p in plain)
     assert not {point_key(p) for p in plain} & {point_key(p) for p in charged}  # stored apart
+    slower = [
+        p
+        for ps in figure_points(replace(TINY, charge_overhead=True, charge_scale=3.0)).values()
+        for p in ps
+        if isinstance(p, BenchPoint)
+    ]
+    assert len(slower) == len(plain) and all(p.charge_scale == 3.0 for p in slower)
+    assert not {point_key(p) for p in charged} & {point_key(p) for p in slower}  # apart again
+    with pytest.raises(ValueError, match="needs charge_overhead"):
+        run_paper(Path("unused"), tiny=True, charge_scale=3.0)
 
 
 def test_the_charge_leaves_out_its_own_polls() -> None:

@@ -32,6 +32,7 @@ def run_paper(
     tiny: bool = False,
     settings: Settings | None = None,
     charge_overhead: bool = False,
+    charge_scale: float = 1.0,
 ) -> list[Path]:
     """Regenerate every paper figure on the sim backend into ``out``; return the files written.
 
@@ -43,16 +44,17 @@ def run_paper(
     runahead. ``quick`` runs one profile and model with short runs (minutes); ``tiny`` is for tests
     (seconds). ``workers`` processes measure points in parallel; ``progress`` prints a line per
     point (or is a callback). ``charge_overhead``: every bench point charges the runtime's own CPU
-    time to virtual time (its rows are stored apart from the uncharged ones).
+    time to virtual time (its rows are stored apart from the uncharged ones), ``charge_scale`` times
+    it (a host whose cores run the runtime that many times slower; stored apart again).
     """
     started = time.perf_counter()
     s = settings if settings is not None else settings_for(quick=quick, tiny=tiny)
-    if charge_overhead:
-        s = replace(s, charge_overhead=True)
+    if charge_overhead or charge_scale != 1.0:  # a scale without the charge: BenchPoint refuses it
+        s = replace(s, charge_overhead=charge_overhead or s.charge_overhead, charge_scale=charge_scale)
+    figures = figure_points(s)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = print_progress(started) if progress is True else progress or None
-    figures = figure_points(s)
     result = run_points(
         (p for points in figures.values() for p in points),
         out / "rows.jsonl",

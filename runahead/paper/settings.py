@@ -84,6 +84,8 @@ class Settings:
     timeline_steps: int = 16
     charge_overhead: bool = False
     """Every bench point advances virtual time by the runtime's own CPU time (``--charge-overhead``)."""
+    charge_scale: float = 1.0
+    """With ``charge_overhead``, that CPU time times this (``--charge-scale``: a host with slower cores)."""
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -169,6 +171,7 @@ def _points(
             warmup_steps=s.warmup_steps,
             prefill_chunk=s.prefill_chunk,
             charge_overhead=s.charge_overhead,
+            charge_scale=s.charge_scale,
         )
     ]
 
