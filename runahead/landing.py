@@ -110,7 +110,7 @@ def imminent(
     for job in blocked:
         if job.layer > layer:
             continue
-        # a prompt's job has hundreds of experts: stop reading them once it cannot qualify
+        # a prompt's job has tens of experts or more: stop reading them once it cannot qualify
         ready_at = last_landing(job, now, resident, lands, limit)
         if ready_at > limit:
             if saving is None or ready_at == math.inf:  # a read not started: no merge covers it
