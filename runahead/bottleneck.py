@@ -57,6 +57,11 @@ class Regrouped:
         return self.group_s(self.jobs)
 
 
+def group_pricer(pricer: GroupPricer | None, group_s: Callable[[Sequence[Job]], float]) -> GroupPricer:
+    """``pricer`` where there is one (a cost model's, job by job), else ``group_s`` on whole groups."""
+    return pricer if pricer is not None else Regrouped.pricer(group_s)
+
+
 class PricedGroup:
     """One decision's ready group, priced at most once (built on first use): its cost for
     :class:`runahead.landing.MergeSaving`, and its running group for :func:`weigh_hold` to grow."""
@@ -286,7 +291,7 @@ def weigh_hold(
     job, bit for bit) the two groups of option ``k`` are option ``k - 1``'s grown by one job.
     ``priced``: ``ready`` as the caller priced it already (:class:`PricedGroup`, of ``pricer``).
     """
-    price = pricer if pricer is not None else Regrouped.pricer(group_s)
+    price = group_pricer(pricer, group_s)
     if priced is None:
         priced = PricedGroup(ready, price)
     g_ready = priced.seconds()

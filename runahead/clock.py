@@ -152,8 +152,7 @@ class _VirtualSelector(selectors.DefaultSelector):
         if self._cpu_ns is None:
             self._cpu_ns = now
             return 0
-        spent = max(0, now - self._cpu_ns - self.poll_ns)
-        self._carry_ns += spent if self.charge_scale == 1.0 else round(spent * self.charge_scale)
+        self._carry_ns += round(max(0, now - self._cpu_ns - self.poll_ns) * self.charge_scale)
         self._cpu_ns = now
         ticks, self._carry_ns = divmod(self._carry_ns, 1_000_000_000 // TICKS_PER_S)
         self.ticks += ticks

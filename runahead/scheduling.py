@@ -34,7 +34,7 @@ from runahead.bottleneck import (
     Hold,
     Outlook,
     PricedGroup,
-    Regrouped,
+    group_pricer,
     landing_order,
     landing_times,
     tail_waits,
@@ -206,7 +206,7 @@ class ComputeQueue:
                 if until is not None:
                     return Hold(until + LANDED_AFTER_S)
             # the ready group is priced once for the decision, where it is first needed
-            pricer = outlook.pricer if outlook.pricer is not None else Regrouped.pricer(outlook.group_s)
+            pricer = group_pricer(outlook.pricer, outlook.group_s)
             priced = PricedGroup(members, pricer)
             if outlook.lands is not None:  # a job of this layer or a lower one about to be ready
                 window = HOLD_LANDING_WINDOW * outlook.fetch_s
@@ -236,7 +236,7 @@ class ComputeQueue:
                     link_free_at,
                     outlook.group_s,
                     tail=tail,
-                    pricer=outlook.pricer,
+                    pricer=pricer,
                     slack=0.0 if outlook.measured else HOLD_LINK_SLACK,
                     priced=priced,
                 ).deadline
